@@ -1,0 +1,502 @@
+"""The wire protocol between the training-side hook and the monitor. Stdlib only.
+
+Transport: one Unix domain stream socket per training process, in a private runtime directory.
+Framing: newline-delimited JSON, one object per line, at most MAX_MESSAGE_BYTES per line.
+The server (the hook) sends a ``hello`` first, then ``snapshot`` messages (latest only, at most one
+per publish interval). Readers send nothing; anything a reader sends is ignored.
+
+Version rule: a reader accepts a message whose ``protocol`` major equals PROTOCOL_VERSION and
+ignores fields it does not know; a new required field means a new version.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import math
+import os
+import re
+import socket
+import stat
+import tempfile
+from collections.abc import Iterator, Mapping
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from anatomy.vocabulary import Component, OpGroup, Phase
+
+PROTOCOL_VERSION = 1
+MAX_MESSAGE_BYTES = 256 * 1024
+SOCKET_SUFFIX = ".sock"
+OOM_SUFFIX = ".oom.json"
+_NAME_RE = re.compile(r"^anatomy-(\d+)(?:-([A-Za-z0-9_.]+))?$")
+
+
+class ProtocolError(ValueError):
+    """A message that is malformed, oversize, of another protocol version, or fails validation."""
+
+
+# ---------------------------------------------------------------------------------------------
+# Runtime directory and socket names
+
+
+def runtime_dir(create: bool = False) -> Path:
+    """The private directory holding the hooks' sockets: $ANATOMY_TOP_DIR, else
+    $XDG_RUNTIME_DIR/anatomy-top, else <tempdir>/anatomy-top-<uid>. Created 0700 on request."""
+    explicit = os.environ.get("ANATOMY_TOP_DIR")
+    if explicit:
+        path = Path(explicit)
+    elif os.environ.get("XDG_RUNTIME_DIR"):
+        path = Path(os.environ["XDG_RUNTIME_DIR"]) / "anatomy-top"
+    else:
+        path = Path(tempfile.gettempdir()) / f"anatomy-top-{os.getuid()}"
+    if create:
+        path.mkdir(mode=0o700, parents=True, exist_ok=True)
+        st = path.lstat()
+        if not stat.S_ISDIR(st.st_mode) or st.st_uid != os.getuid():
+            raise PermissionError(f"{path} is not a directory owned by uid {os.getuid()}")
+        if stat.S_IMODE(st.st_mode) != 0o700:
+            os.chmod(path, 0o700)
+    return path
+
+
+def socket_name(pid: int, tag: str | None = None) -> str:
+    """``anatomy-<pid>[-<tag>].sock``: the PID is recoverable from the name alone."""
+    return f"anatomy-{pid}{'-' + tag if tag else ''}{SOCKET_SUFFIX}"
+
+
+def pid_from_path(path: Path | str) -> int | None:
+    name = Path(path).name
+    for suffix in (SOCKET_SUFFIX, OOM_SUFFIX):
+        if name.endswith(suffix):
+            m = _NAME_RE.match(name[: -len(suffix)])
+            return int(m.group(1)) if m else None
+    return None
+
+
+def oom_path(directory: Path, pid: int) -> Path:
+    return directory / f"anatomy-{pid}{OOM_SUFFIX}"
+
+
+def pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def discover(directory: Path | None = None, clean_stale: bool = True) -> list[Path]:
+    """Sockets of live training processes, sorted by PID. Sockets whose process is gone are
+    removed when ``clean_stale`` (a hook killed with SIGKILL cannot remove its own)."""
+    directory = directory if directory is not None else runtime_dir()
+    found: list[tuple[int, Path]] = []
+    try:
+        entries = list(directory.iterdir())
+    except OSError:
+        return []
+    for entry in entries:
+        pid = pid_from_path(entry)
+        if pid is None or not entry.name.endswith(SOCKET_SUFFIX):
+            continue
+        if not pid_alive(pid):
+            if clean_stale:
+                with contextlib.suppress(OSError):
+                    entry.unlink()
+            continue
+        found.append((pid, entry))
+    return [p for _, p in sorted(found)]
+
+
+def discover_oom(directory: Path | None = None) -> list[Path]:
+    """Last-snapshot files written by hooks whose process died of out-of-memory."""
+    directory = directory if directory is not None else runtime_dir()
+    try:
+        return sorted(p for p in directory.iterdir() if p.name.endswith(OOM_SUFFIX))
+    except OSError:
+        return []
+
+
+# ---------------------------------------------------------------------------------------------
+# Messages
+
+
+@dataclass(frozen=True)
+class Hello:
+    pid: int
+    host: str
+    device: str  # "cpu", "cuda:0", ...
+    precision: str  # a vocabulary.Precision value
+    optimizer: str  # a vocabulary.OptimizerKind value
+    model_class: str
+    parameter_count: int
+    torch_version: str
+    started_at: float
+    rank: int | None = None
+    local_rank: int | None = None
+    world_size: int | None = None
+    dtype: str = "float32"  # the dtype of the parameters
+    optimizer_class: str = ""
+    protocol: int = PROTOCOL_VERSION
+    type: str = "hello"
+
+
+@dataclass(frozen=True)
+class CudaMemory:
+    allocated: int
+    reserved: int
+    peak_allocated: int  # peak within the last step
+    alloc_retries: int
+    ooms: int
+
+
+@dataclass(frozen=True)
+class Timing:
+    step_s: float | None = None
+    forward_s: float | None = None
+    backward_s: float | None = None
+    optimizer_s: float | None = None
+    samples_per_s: float | None = None
+    tokens_per_s: float | None = None
+
+
+@dataclass(frozen=True)
+class OpGroupStat:
+    flops: float | None  # per step
+    time_s: float | None  # per step (device time on CUDA)
+
+
+@dataclass(frozen=True)
+class Suggestion:
+    """One advisor line. ``saving_bytes`` is what the technique would save at the peak."""
+
+    rule: str
+    title: str
+    detail: str
+    source: str  # a vocabulary.Source value
+    saving_bytes: int | None = None
+    speed_factor: float | None = None
+
+
+@dataclass(frozen=True)
+class Snapshot:
+    pid: int
+    seq: int
+    time: float
+    step: int
+    # Component value -> bytes; None means unmeasured on this platform (never 0 for unknown).
+    memory: dict[str, int | None]
+    # Component value -> bytes/param the guide expects for this set-up (None: no guide figure).
+    expected_bytes_per_param: dict[str, float | None]
+    parameter_count: int
+    peak_bytes: int | None = None
+    peak_phase: str | None = None  # a vocabulary.Phase value
+    memory_source: str = "tensors"  # how temporaries were measured: cuda_allocator | glibc | none
+    cuda: CudaMemory | None = None
+    timing: Timing = field(default_factory=Timing)
+    op_groups: dict[str, OpGroupStat] | None = None  # OpGroup value -> stat, from a sampled step
+    op_groups_step: int | None = None  # which step the op groups were sampled on
+    achieved_tflops: float | None = None
+    mfu: float | None = None
+    grad_accum_steps: int = 1
+    suggestions: list[Suggestion] = field(default_factory=list)
+    error: str | None = None  # the hook degraded: why
+    oom: str | None = None  # set only in the last-snapshot file after an OOM
+    protocol: int = PROTOCOL_VERSION
+    type: str = "snapshot"
+
+
+Message = Hello | Snapshot
+
+
+def to_dict(msg: Message) -> dict[str, Any]:
+    return asdict(msg)
+
+
+def encode(msg: Message) -> bytes:
+    data = json.dumps(to_dict(msg), separators=(",", ":"), allow_nan=False).encode() + b"\n"
+    if len(data) > MAX_MESSAGE_BYTES:
+        raise ProtocolError(f"message of {len(data)} bytes exceeds {MAX_MESSAGE_BYTES}")
+    return data
+
+
+# -- validation ---------------------------------------------------------------------------------
+
+
+def _req(d: Mapping[str, Any], key: str, kind: type | tuple[type, ...], nullable: bool = False) -> Any:
+    if key not in d:
+        if nullable:
+            return None
+        raise ProtocolError(f"missing field {key!r}")
+    value = d[key]
+    if value is None and nullable:
+        return None
+    if isinstance(value, bool) and bool not in (kind if isinstance(kind, tuple) else (kind,)):
+        raise ProtocolError(f"field {key!r}: expected {kind}, got bool")
+    if not isinstance(value, kind):
+        raise ProtocolError(f"field {key!r}: expected {kind}, got {type(value).__name__}")
+    if isinstance(value, float) and not math.isfinite(value):
+        raise ProtocolError(f"field {key!r}: not finite")
+    if (
+        isinstance(value, int)
+        and not isinstance(value, bool)
+        and value < 0
+        and key not in ("rank", "local_rank")
+    ):
+        raise ProtocolError(f"field {key!r}: negative")
+    if isinstance(value, str) and len(value) > 4096:
+        raise ProtocolError(f"field {key!r}: string too long")
+    return value
+
+
+_NUM = (int, float)
+
+
+def _opt_num(d: Mapping[str, Any], key: str) -> float | None:
+    v = _req(d, key, _NUM, nullable=True)
+    return None if v is None else float(v)
+
+
+def _hello_from(d: Mapping[str, Any]) -> Hello:
+    return Hello(
+        pid=_req(d, "pid", int),
+        host=_req(d, "host", str),
+        device=_req(d, "device", str),
+        precision=_req(d, "precision", str),
+        optimizer=_req(d, "optimizer", str),
+        model_class=_req(d, "model_class", str),
+        parameter_count=_req(d, "parameter_count", int),
+        torch_version=_req(d, "torch_version", str),
+        started_at=float(_req(d, "started_at", _NUM)),
+        rank=_req(d, "rank", int, nullable=True),
+        local_rank=_req(d, "local_rank", int, nullable=True),
+        world_size=_req(d, "world_size", int, nullable=True),
+        dtype=_req(d, "dtype", str, nullable=True) or "float32",
+        optimizer_class=_req(d, "optimizer_class", str, nullable=True) or "",
+    )
+
+
+_COMPONENT_KEYS = {c.value for c in Component}
+_OPGROUP_KEYS = {g.value for g in OpGroup}
+_PHASE_KEYS = {p.value for p in Phase}
+
+
+def _keyed(
+    d: Mapping[str, Any], key: str, allowed: set[str], nullable: bool = False
+) -> dict[str, Any] | None:
+    value = _req(d, key, dict, nullable=nullable)
+    if value is None:
+        return None
+    unknown = set(value) - allowed
+    if unknown:
+        raise ProtocolError(f"field {key!r}: unknown keys {sorted(unknown)}")
+    return value
+
+
+def _snapshot_from(d: Mapping[str, Any]) -> Snapshot:
+    memory_raw = _keyed(d, "memory", _COMPONENT_KEYS) or {}
+    memory = {k: _req(memory_raw, k, int, nullable=True) for k in memory_raw}
+    expected_raw = _keyed(d, "expected_bytes_per_param", _COMPONENT_KEYS) or {}
+    expected = {k: _opt_num(expected_raw, k) for k in expected_raw}
+    cuda_raw = _req(d, "cuda", dict, nullable=True)
+    cuda = None
+    if cuda_raw is not None:
+        cuda = CudaMemory(**{k: _req(cuda_raw, k, int) for k in CudaMemory.__dataclass_fields__})
+    timing_raw = _req(d, "timing", dict, nullable=True) or {}
+    timing = Timing(**{k: _opt_num(timing_raw, k) for k in Timing.__dataclass_fields__})
+    groups_raw = _keyed(d, "op_groups", _OPGROUP_KEYS, nullable=True)
+    groups = None
+    if groups_raw is not None:
+        groups = {}
+        for k, v in groups_raw.items():
+            if not isinstance(v, dict):
+                raise ProtocolError(f"op_groups[{k!r}] is not an object")
+            groups[k] = OpGroupStat(flops=_opt_num(v, "flops"), time_s=_opt_num(v, "time_s"))
+    phase = _req(d, "peak_phase", str, nullable=True)
+    if phase is not None and phase not in _PHASE_KEYS:
+        raise ProtocolError(f"unknown peak_phase {phase!r}")
+    suggestions_raw = _req(d, "suggestions", list, nullable=True) or []
+    if len(suggestions_raw) > 64:
+        raise ProtocolError("too many suggestions")
+    suggestions = []
+    for s in suggestions_raw:
+        if not isinstance(s, dict):
+            raise ProtocolError("suggestion is not an object")
+        suggestions.append(
+            Suggestion(
+                rule=_req(s, "rule", str),
+                title=_req(s, "title", str),
+                detail=_req(s, "detail", str),
+                source=_req(s, "source", str),
+                saving_bytes=_req(s, "saving_bytes", int, nullable=True),
+                speed_factor=_opt_num(s, "speed_factor"),
+            )
+        )
+    return Snapshot(
+        pid=_req(d, "pid", int),
+        seq=_req(d, "seq", int),
+        time=float(_req(d, "time", _NUM)),
+        step=_req(d, "step", int),
+        memory=memory,
+        expected_bytes_per_param=expected,
+        parameter_count=_req(d, "parameter_count", int),
+        peak_bytes=_req(d, "peak_bytes", int, nullable=True),
+        peak_phase=phase,
+        memory_source=_req(d, "memory_source", str, nullable=True) or "none",
+        cuda=cuda,
+        timing=timing,
+        op_groups=groups,
+        op_groups_step=_req(d, "op_groups_step", int, nullable=True),
+        achieved_tflops=_opt_num(d, "achieved_tflops"),
+        mfu=_opt_num(d, "mfu"),
+        grad_accum_steps=_req(d, "grad_accum_steps", int, nullable=True) or 1,
+        suggestions=suggestions,
+        error=_req(d, "error", str, nullable=True),
+        oom=_req(d, "oom", str, nullable=True),
+    )
+
+
+def from_dict(d: Any) -> Message:
+    if not isinstance(d, dict):
+        raise ProtocolError("message is not a JSON object")
+    version = d.get("protocol")
+    if not isinstance(version, int) or isinstance(version, bool):
+        raise ProtocolError("missing protocol version")
+    if version != PROTOCOL_VERSION:
+        raise ProtocolError(f"protocol version {version} (this reader speaks {PROTOCOL_VERSION})")
+    kind = d.get("type")
+    if kind == "hello":
+        return _hello_from(d)
+    if kind == "snapshot":
+        return _snapshot_from(d)
+    raise ProtocolError(f"unknown message type {kind!r}")
+
+
+def decode(line: bytes) -> Message:
+    if len(line) > MAX_MESSAGE_BYTES:
+        raise ProtocolError(f"message of {len(line)} bytes exceeds {MAX_MESSAGE_BYTES}")
+    try:
+        data = json.loads(line)
+    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise ProtocolError(f"not JSON: {exc}") from None
+    return from_dict(data)
+
+
+# ---------------------------------------------------------------------------------------------
+# Reader
+
+
+class Reader:
+    """A client of one hook socket. Non-blocking after connect: ``poll()`` drains what arrived and
+    keeps the latest snapshot. Raises ProtocolError on anything invalid (then close it)."""
+
+    def __init__(self, path: Path | str, timeout: float = 1.0) -> None:
+        self.path = Path(path)
+        self.pid = pid_from_path(self.path)
+        self.hello: Hello | None = None
+        self.snapshot: Snapshot | None = None
+        self.closed = False
+        self._buf = bytearray()
+        self._sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        self._sock.settimeout(timeout)
+        try:
+            self._sock.connect(str(self.path))
+        except OSError:
+            self._sock.close()
+            raise
+        self._sock.setblocking(False)
+
+    def fileno(self) -> int:
+        return self._sock.fileno()
+
+    def _messages(self) -> Iterator[Message]:
+        while True:
+            nl = self._buf.find(b"\n")
+            if nl < 0:
+                if len(self._buf) > MAX_MESSAGE_BYTES:
+                    raise ProtocolError(f"line longer than {MAX_MESSAGE_BYTES} bytes")
+                return
+            line = bytes(self._buf[:nl])
+            del self._buf[: nl + 1]
+            yield decode(line)
+
+    def poll(self) -> bool:
+        """Read everything available. Returns True if anything new arrived; on EOF sets closed."""
+        got = False
+        while not self.closed:
+            try:
+                chunk = self._sock.recv(65536)
+            except (BlockingIOError, InterruptedError):
+                break
+            except OSError:
+                self.closed = True
+                break
+            if not chunk:
+                self.closed = True
+                break
+            self._buf += chunk
+            for msg in self._messages():
+                got = True
+                if isinstance(msg, Hello):
+                    self.hello = msg
+                elif self.hello is None:
+                    raise ProtocolError("snapshot before hello")
+                else:
+                    self.snapshot = msg
+        return got
+
+    def wait(self, timeout: float = 5.0, need_snapshot: bool = True) -> None:
+        """Block until a hello (and a snapshot, if asked) arrived; for tests and `--once`."""
+        import select
+        import time
+
+        deadline = time.monotonic() + timeout
+        while not self.closed:
+            self.poll()
+            if self.hello is not None and (self.snapshot is not None or not need_snapshot):
+                return
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise TimeoutError(f"no {'snapshot' if self.hello else 'hello'} from {self.path}")
+            select.select([self._sock], [], [], min(left, 0.1))
+        if self.hello is None or (need_snapshot and self.snapshot is None):
+            raise ConnectionError(f"{self.path} closed before sending a snapshot")
+
+    def close(self) -> None:
+        self.closed = True
+        with contextlib.suppress(OSError):
+            self._sock.close()
+
+    def __enter__(self) -> Reader:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def write_oom_file(directory: Path, hello: Hello, snapshot: Snapshot) -> Path:
+    """Two lines, hello then the last snapshot (with ``oom`` set); written atomically, 0600."""
+    path = oom_path(directory, hello.pid)
+    tmp = path.with_name(path.name + ".tmp")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "wb") as f:
+        f.write(encode(hello) + encode(snapshot))
+    os.replace(tmp, path)
+    return path
+
+
+def read_oom_file(path: Path | str) -> tuple[Hello, Snapshot]:
+    """The hello and last snapshot a hook wrote when its process died of out-of-memory."""
+    raw = Path(path).read_bytes()
+    if len(raw) > 2 * MAX_MESSAGE_BYTES:
+        raise ProtocolError(f"{path} is larger than two messages")
+    lines = [ln for ln in raw.split(b"\n") if ln.strip()]
+    if len(lines) != 2:
+        raise ProtocolError(f"{path} must hold a hello and a snapshot")
+    hello, snap = decode(lines[0]), decode(lines[1])
+    if not isinstance(hello, Hello) or not isinstance(snap, Snapshot):
+        raise ProtocolError(f"{path} does not hold a hello then a snapshot")
+    return hello, snap
