@@ -80,6 +80,8 @@ def oom_path(directory: Path, pid: int) -> Path:
 
 
 def pid_alive(pid: int) -> bool:
+    if pid <= 0:  # os.kill(0, ...) addresses our own process group
+        return False
     try:
         os.kill(pid, 0)
     except ProcessLookupError:
@@ -89,9 +91,25 @@ def pid_alive(pid: int) -> bool:
     return True
 
 
+def _listening(path: Path) -> bool:
+    """Whether something accepts connections on the socket file (refused at once when nothing does)."""
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    sock.settimeout(0.05)
+    try:
+        sock.connect(str(path))
+        return True
+    except (BlockingIOError, TimeoutError):
+        return True  # a full backlog: someone is listening
+    except OSError:
+        return False
+    finally:
+        sock.close()
+
+
 def discover(directory: Path | None = None, clean_stale: bool = True) -> list[Path]:
     """Sockets of live training processes, sorted by PID. Sockets whose process is gone are
-    removed when ``clean_stale`` (a hook killed with SIGKILL cannot remove its own)."""
+    removed when ``clean_stale`` (a hook killed with SIGKILL cannot remove its own). A socket whose
+    PID is not ours to see but which still accepts connections (another PID namespace) is kept."""
     directory = directory if directory is not None else runtime_dir()
     found: list[tuple[int, Path]] = []
     try:
@@ -103,6 +121,9 @@ def discover(directory: Path | None = None, clean_stale: bool = True) -> list[Pa
         if pid is None or not entry.name.endswith(SOCKET_SUFFIX):
             continue
         if not pid_alive(pid):
+            if _listening(entry):  # a live hook in another PID namespace (a container sharing the dir)
+                found.append((pid, entry))
+                continue
             if clean_stale:
                 with contextlib.suppress(OSError):
                     entry.unlink()
@@ -140,6 +161,11 @@ class Hello:
     world_size: int | None = None
     dtype: str = "float32"  # the dtype of the parameters
     optimizer_class: str = ""
+    # Optional, for the advisor (H6): tensor-core advice needs the GPU and the vocabulary size.
+    device_name: str | None = None  # e.g. "NVIDIA A100-SXM4-80GB"; None on CPU / unknown
+    device_memory_bytes: int | None = None  # total memory of the device
+    vocab_size: int | None = None  # model.config.vocab_size when there is one
+    tf32: bool | None = None  # torch.backends.cuda.matmul.allow_tf32 (or float32 matmul precision != highest)
     protocol: int = PROTOCOL_VERSION
     type: str = "hello"
 
@@ -205,6 +231,7 @@ class Snapshot:
     suggestions: list[Suggestion] = field(default_factory=list)
     error: str | None = None  # the hook degraded: why
     oom: str | None = None  # set only in the last-snapshot file after an OOM
+    batch_size: int | None = None  # samples per micro-batch (optional, for the advisor)
     protocol: int = PROTOCOL_VERSION
     type: str = "snapshot"
 
@@ -216,10 +243,20 @@ def to_dict(msg: Message) -> dict[str, Any]:
     return asdict(msg)
 
 
-def encode(msg: Message) -> bytes:
-    data = json.dumps(to_dict(msg), separators=(",", ":"), allow_nan=False).encode() + b"\n"
+def encode(msg: Message, validate: bool = True) -> bytes:
+    """One framed line. With ``validate`` (the default) the line is decoded again, so that whatever
+    encode emits a reader accepts (an over-long string fails here, on the sender's side, with the
+    sender's log line, rather than on every monitor)."""
+    try:
+        d = to_dict(msg)
+        text = json.dumps(d, separators=(",", ":"), allow_nan=False)
+    except (TypeError, ValueError) as exc:  # NaN/inf, or a value JSON cannot hold
+        raise ProtocolError(f"message cannot be encoded: {exc}") from None
+    data = text.encode() + b"\n"
     if len(data) > MAX_MESSAGE_BYTES:
         raise ProtocolError(f"message of {len(data)} bytes exceeds {MAX_MESSAGE_BYTES}")
+    if validate:
+        from_dict(d)
     return data
 
 
@@ -276,6 +313,10 @@ def _hello_from(d: Mapping[str, Any]) -> Hello:
         world_size=_req(d, "world_size", int, nullable=True),
         dtype=_req(d, "dtype", str, nullable=True) or "float32",
         optimizer_class=_req(d, "optimizer_class", str, nullable=True) or "",
+        device_name=_req(d, "device_name", str, nullable=True),
+        device_memory_bytes=_req(d, "device_memory_bytes", int, nullable=True),
+        vocab_size=_req(d, "vocab_size", int, nullable=True),
+        tf32=_req(d, "tf32", bool, nullable=True),
     )
 
 
@@ -356,6 +397,7 @@ def _snapshot_from(d: Mapping[str, Any]) -> Snapshot:
         suggestions=suggestions,
         error=_req(d, "error", str, nullable=True),
         oom=_req(d, "oom", str, nullable=True),
+        batch_size=_req(d, "batch_size", int, nullable=True),
     )
 
 
@@ -380,8 +422,10 @@ def decode(line: bytes) -> Message:
         raise ProtocolError(f"message of {len(line)} bytes exceeds {MAX_MESSAGE_BYTES}")
     try:
         data = json.loads(line)
-    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise ProtocolError(f"not JSON: {exc}") from None
+    except (ValueError, RecursionError) as exc:
+        # ValueError covers bad UTF-8, bad JSON and integers past Python's digit limit;
+        # RecursionError a deeply nested line: a hostile or broken peer must not crash the reader.
+        raise ProtocolError(f"not JSON: {str(exc)[:200]}") from None
     return from_dict(data)
 
 
@@ -403,11 +447,26 @@ class Reader:
         self._sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         self._sock.settimeout(timeout)
         try:
-            self._sock.connect(str(self.path))
+            self._connect(timeout)
         except OSError:
             self._sock.close()
             raise
         self._sock.setblocking(False)
+
+    def _connect(self, timeout: float) -> None:
+        import time
+
+        # A Unix socket whose listen backlog is full refuses a non-blocking connect with EAGAIN
+        # instead of queueing it (many monitors connecting at once): retry until the timeout.
+        deadline = time.monotonic() + timeout
+        while True:
+            try:
+                self._sock.connect(str(self.path))
+                return
+            except BlockingIOError:
+                if time.monotonic() >= deadline:
+                    raise
+                time.sleep(0.01)
 
     def fileno(self) -> int:
         return self._sock.fileno()
@@ -480,10 +539,11 @@ class Reader:
 def write_oom_file(directory: Path, hello: Hello, snapshot: Snapshot) -> Path:
     """Two lines, hello then the last snapshot (with ``oom`` set); written atomically, 0600."""
     path = oom_path(directory, hello.pid)
+    data = encode(hello) + encode(snapshot)  # before touching the disk: no half-written file
     tmp = path.with_name(path.name + ".tmp")
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
     with os.fdopen(fd, "wb") as f:
-        f.write(encode(hello) + encode(snapshot))
+        f.write(data)
     os.replace(tmp, path)
     return path
 

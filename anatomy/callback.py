@@ -1,0 +1,178 @@
+"""The Hugging Face Trainer way in: ``Trainer(..., callbacks=[anatomy.AnatomyCallback()])``.
+
+The callback finds the model and the optimizer itself (the torch optimizer inside accelerate's
+wrapper), and maps the Trainer's events onto the tracker: a step from ``on_step_begin`` to
+``on_step_end``; gradients measured at ``on_pre_optimizer_step`` (after clipping) and optimizer
+states at ``on_optimizer_step`` — the optimizer's own step hooks fire there too, whichever comes
+first counts. Micro-batches under gradient accumulation are told apart by the model's forward hooks
+(``on_substep_end`` closes each one's backward).
+
+A Trainer reports no exceptions to callbacks, so to write the out-of-memory file the callback wraps
+its Trainer's ``train`` (found at ``on_init_end``; or ``training_step`` when the callback was added
+later). The exception itself always propagates unchanged.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+import sys
+from pathlib import Path
+from types import FrameType
+from typing import Any
+
+import torch
+from transformers import TrainerCallback
+
+from anatomy.memory import detect_precision, dominant_dtype
+from anatomy.tracker import Tracker, hook_disabled, track
+
+log = logging.getLogger("anatomy")
+
+_WRAPPED = "_anatomy_wrapped"
+
+
+def _find_trainer(max_depth: int = 10) -> Any:
+    """The Trainer whose event is being delivered: the nearest caller frame whose ``self`` is one."""
+    try:
+        from transformers import Trainer
+    except Exception:
+        return None
+    frame: FrameType | None = sys._getframe(1)
+    for _ in range(max_depth):
+        if frame is None:
+            return None
+        candidate = frame.f_locals.get("self")
+        if isinstance(candidate, Trainer):
+            return candidate
+        frame = frame.f_back
+    return None
+
+
+class AnatomyCallback(TrainerCallback):
+    """Measures every optimizer step of a Trainer run and publishes it to anatomy-top."""
+
+    def __init__(
+        self,
+        *,
+        publish: bool = True,
+        interval_s: float = 0.5,
+        sample_every: int = 50,
+        directory: Path | None = None,
+    ) -> None:
+        self.publish = publish
+        self.interval_s = interval_s
+        self.sample_every = sample_every
+        self.directory = directory
+        self.tracker: Tracker | None = None
+        self._wrapped_train = False
+
+    # -- finding the pieces -----------------------------------------------------------------------
+
+    def _guard(self, event: str, fn: Any, *args: Any) -> None:
+        try:
+            fn(*args)
+        except Exception as exc:  # a callback error would stop the Trainer: never let one out
+            log.warning("anatomy: the Trainer callback's %s failed (%s: %s)", event, type(exc).__name__, exc)
+
+    def _wrap(self, trainer: Any, name: str) -> bool:
+        original = getattr(trainer, name, None)
+        if original is None or getattr(original, _WRAPPED, False):
+            return False
+        callback = self
+
+        @functools.wraps(original)
+        def wrapper(*args: Any, **kwargs: Any) -> Any:
+            try:
+                return original(*args, **kwargs)
+            except BaseException as exc:
+                callback._on_exception(exc, final=name == "train")
+                raise
+
+        setattr(wrapper, _WRAPPED, True)
+        setattr(trainer, name, wrapper)
+        return True
+
+    def _on_exception(self, exc: BaseException, final: bool) -> None:
+        tracker = self.tracker
+        if tracker is None:
+            return
+        try:
+            tracker.record_oom(exc)
+            if final:
+                tracker.close()
+        except Exception as err:
+            log.warning("anatomy: recording the failed step failed (%s)", err)
+
+    # -- events -----------------------------------------------------------------------------------
+
+    def on_init_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        if hook_disabled():
+            return
+
+        def find() -> None:
+            trainer = _find_trainer()
+            if trainer is not None:
+                self._wrapped_train = self._wrap(trainer, "train") or self._wrapped_train
+
+        self._guard("on_init_end", find)
+
+    def on_train_begin(
+        self, args: Any, state: Any, control: Any, model: Any = None, optimizer: Any = None, **kwargs: Any
+    ) -> None:
+        self._guard("on_train_begin", self._start, args, model, optimizer)
+
+    def _start(self, args: Any, model: Any, optimizer: Any) -> None:
+        if model is None:
+            return
+        if self.tracker is not None and (self.tracker.model is not model or self.tracker.closed):
+            self.tracker.close()
+            self.tracker = None
+        if self.tracker is None:
+            self.tracker = track(
+                model,
+                optimizer,
+                publish=self.publish,
+                interval_s=self.interval_s,
+                sample_every=self.sample_every,
+                grad_accum_steps=int(getattr(args, "gradient_accumulation_steps", 1) or 1),
+                directory=self.directory,
+            )
+        else:
+            self.tracker.attach_optimizer(optimizer)
+        autocast = None
+        if getattr(args, "bf16", False):
+            autocast = torch.bfloat16
+        elif getattr(args, "fp16", False):
+            autocast = torch.float16
+        if autocast is not None:
+            precision = detect_precision(param_dtype=dominant_dtype(model), autocast_dtype=autocast)
+            self.tracker.set_precision(precision, grad_scaler=autocast == torch.float16)
+        if not self._wrapped_train and not hook_disabled():
+            trainer = _find_trainer()
+            if trainer is not None:
+                self._wrap(trainer, "training_step")
+
+    def on_step_begin(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        if self.tracker is not None:
+            self._guard("on_step_begin", self.tracker.begin_step)
+
+    def on_pre_optimizer_step(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        if self.tracker is not None:
+            self._guard("on_pre_optimizer_step", self.tracker.optimizer_begin)
+
+    def on_optimizer_step(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        if self.tracker is not None:
+            self._guard("on_optimizer_step", self.tracker.optimizer_end)
+
+    def on_substep_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        if self.tracker is not None:
+            self._guard("on_substep_end", self.tracker.backward_end)
+
+    def on_step_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        if self.tracker is not None:
+            self._guard("on_step_end", self.tracker.end_step)
+
+    def on_train_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        if self.tracker is not None:
+            self._guard("on_train_end", self.tracker.close)

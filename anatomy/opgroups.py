@@ -1,0 +1,480 @@
+"""The guide's operation groups, and a profiler that splits a sampled step's FLOPs and time among them.
+
+``classify`` maps an aten op name to an :class:`OpGroup` with the one table below. ``OpGroupProfiler``
+is a ``TorchDispatchMode`` meant for one sampled step: every aten op run inside it is timed and its
+FLOPs counted. Measured cost on a small BERT training step on CPU (benchmarks/bench_opgroups.py):
+~1.07x the step's CPU time (torch's own FlopCounterMode: ~1.17x).
+
+Backward ops are seen too. On CPU, autograd runs backward on the calling thread. On CUDA it runs on
+the engine's per-device threads, but the engine copies the caller's ``at::ThreadLocalState`` into each
+graph task, and that state carries the ``TorchDispatchModeTLS`` stack, so the mode is active there as
+well (this is what lets ``FlopCounterMode`` count backward FLOPs on GPUs). Ops can therefore arrive from
+another thread: all accounting happens under a lock.
+
+Normalizations written as element-wise Python (LlamaRMSNorm's pow, mean, rsqrt, mul) are told apart by
+module: while a leaf module whose class name ends in "Norm" runs forward (global module hooks, installed
+only while the profiler is active), its non-contraction ops are NORMALIZATION; the autograd nodes it
+created form a range of sequence numbers, and a backward op whose current autograd node
+(``torch._C._current_autograd_node()``) falls in such a range is NORMALIZATION too. Such ops keep
+their own per-element FLOP estimate.
+
+FLOPs: contractions (and attention kernels) use ``torch.utils.flop_counter``'s formulas, so totals
+agree with ``FlopCounterMode``; we add the CPU flash-attention kernel it does not know. Other ops are
+estimated from the number of output elements:
+  - element-wise and reductions: ELEMENTWISE_FLOPS_PER_ELEMENT (1) per output element (per input
+    element for reductions, where the output is small);
+  - normalizations: NORMALIZATION_FLOPS_PER_ELEMENT (5): softmax is max, subtract, exp, sum, divide;
+    layer norm is mean, subtract, square-and-sum, scale, affine;
+  - fused optimizer kernels: FUSED_ADAM_FLOPS_PER_ELEMENT (12) per parameter element;
+  - other ops (views, copies, gathers, embedding lookups, losses) count 0: they move data.
+These are ~0.3% of a transformer's FLOPs; the estimates only have to be the right order of magnitude.
+
+Time: on CPU, ``perf_counter`` around each op. On CUDA, a pair of ``torch.cuda.Event`` around each op on
+the current stream; ``result()`` returns None until the last events have completed (``Event.query()``,
+never a synchronize), then sums ``elapsed_time`` per group. An op's event interval includes the kernel
+launch latency, so tiny kernels are over-counted by a few microseconds each.
+"""
+
+from __future__ import annotations
+
+import bisect
+import re
+import threading
+import time
+from collections.abc import Callable, Iterable
+from typing import Any
+
+import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils.flop_counter import flop_registry, sdpa_backward_flop_count, sdpa_flop_count
+
+from anatomy.protocol import OpGroupStat
+from anatomy.vocabulary import OpGroup, Phase
+
+ELEMENTWISE_FLOPS_PER_ELEMENT = 1
+NORMALIZATION_FLOPS_PER_ELEMENT = 5
+FUSED_ADAM_FLOPS_PER_ELEMENT = 12
+
+# ---------------------------------------------------------------------------------------------
+# The one table: base op name (no "aten.", no overload, no trailing "_" of in-place ops, no
+# "_backward"/"_backward_data" suffix) -> group. Prefix and substring rules follow it.
+
+_CONTRACTIONS = frozenset(
+    {
+        "mm", "addmm", "bmm", "baddbmm", "addbmm", "matmul", "linear", "einsum", "_scaled_mm",
+        "_int_mm", "mv", "addmv", "dot", "vdot", "tensordot", "addr", "outer", "_addmm_activation",
+        "mkldnn_linear", "_weight_int4pack_mm", "_weight_int8pack_mm", "flex_attention",
+    }
+)  # fmt: skip
+_CONTRACTION_PREFIXES = (
+    "convolution", "_convolution", "conv1d", "conv2d", "conv3d", "conv_transpose", "conv_tbc",
+    "conv_depthwise", "cudnn_convolution", "miopen_convolution",
+    "mkldnn_convolution", "_slow_conv", "slow_conv", "thnn_conv", "_nnpack_spatial_convolution",
+    "_flash_attention", "_efficient_attention", "_cudnn_attention", "_fused_attention",
+)  # fmt: skip
+_CONTRACTION_SUBSTRINGS = ("scaled_dot_product",)
+
+_NORMALIZATIONS = frozenset(
+    {
+        "_softmax", "softmax", "_safe_softmax", "_log_softmax", "log_softmax", "_masked_softmax",
+        "native_layer_norm", "layer_norm", "native_batch_norm", "batch_norm", "_native_batch_norm_legit",
+        "_native_batch_norm_legit_no_training", "_native_batch_norm_legit_functional",
+        "_batch_norm_with_update", "_batch_norm_no_update", "_batch_norm_impl_index", "cudnn_batch_norm",
+        "miopen_batch_norm", "batch_norm_update_stats", "native_group_norm", "group_norm",
+        "instance_norm", "_fused_rms_norm", "rms_norm", "_fused_layer_norm", "local_response_norm",
+    }
+)  # fmt: skip
+
+_ELEMENTWISE = frozenset(
+    {
+        # arithmetic
+        "add", "sub", "rsub", "mul", "div", "true_divide", "floor_divide", "remainder", "fmod", "pow",
+        "neg", "abs", "sign", "reciprocal", "sqrt", "rsqrt", "exp", "exp2", "expm1", "log", "log1p",
+        "log2", "log10", "square", "addcmul", "addcdiv", "lerp", "clamp", "clamp_min", "clamp_max",
+        "clip", "minimum", "maximum", "floor", "ceil", "round", "trunc", "frac", "erf", "erfc", "erfinv",
+        "sin", "cos", "tan", "atan", "atan2", "asin", "acos", "sinh", "cosh", "hypot", "xlogy",
+        # activations
+        "relu", "relu6", "leaky_relu", "gelu", "tanh", "sigmoid", "silu", "mish", "elu", "selu", "celu",
+        "hardtanh", "hardswish", "hardsigmoid", "softplus", "softshrink", "hardshrink", "threshold",
+        "glu", "prelu", "_prelu_kernel", "logit", "log_sigmoid", "log_sigmoid_forward", "rrelu_with_noise",
+        # masks and dropout
+        "where", "masked_fill", "masked_scale", "_masked_scale", "dropout", "native_dropout",
+        "_fused_dropout", "feature_dropout", "alpha_dropout", "bernoulli", "rand_like", "uniform",
+        "normal", "eq", "ne", "lt", "le", "gt", "ge", "logical_and", "logical_or", "logical_not",
+        "logical_xor", "bitwise_and", "bitwise_or", "bitwise_not", "isnan", "isinf", "isfinite",
+        "nan_to_num",
+        # reductions: memory-bound like element-wise ops (bias gradients, loss means, norms)
+        "sum", "mean", "prod", "amax", "amin", "max", "min", "var", "std", "var_mean", "std_mean",
+        "norm", "linalg_vector_norm", "cumsum", "logsumexp", "argmax", "argmin",
+    }
+)  # fmt: skip
+
+_OPTIMIZER_PREFIXES = ("_foreach_", "_fused_adam", "_fused_sgd", "_fused_adagrad")
+
+# Reductions read many elements and write few: count their input, not their output.
+_REDUCTIONS = frozenset(
+    {"sum", "mean", "prod", "amax", "amin", "max", "min", "var", "std", "var_mean", "std_mean", "norm",
+     "linalg_vector_norm", "logsumexp", "argmax", "argmin"}
+)  # fmt: skip
+
+
+_NAMESPACES = frozenset({"torch", "ops", "aten", "prims", "prim", "quantized", "_c10d_functional", "c10d"})
+
+
+def base_name(op_name: str) -> str:
+    """``"aten.addmm.default"``, ``"aten::addmm"``, ``"addmm"`` -> ``"addmm"``; ``"mul_"`` -> ``"mul"``;
+    ``"native_layer_norm_backward"`` -> ``"native_layer_norm"``."""
+    name = op_name.strip()
+    if "::" in name:
+        name = name.rsplit("::", 1)[1]
+    parts = [p for p in name.split(".") if p]
+    while len(parts) > 1 and parts[0] in _NAMESPACES:
+        parts = parts[1:]
+    name = parts[0] if parts else ""
+    for suffix in ("_backward_data", "_backward_input", "_backward_weight", "_backward"):
+        if name.endswith(suffix) and len(name) > len(suffix):
+            name = name[: -len(suffix)]
+            break
+    # In-place variants (mul_) share the group of the functional op; dunder names keep theirs.
+    if name.endswith("_") and not name.endswith("__") and len(name) > 1:
+        name = name[:-1]
+    return name
+
+
+def _classify_base(name: str) -> OpGroup:
+    if name.startswith(_OPTIMIZER_PREFIXES):
+        return OpGroup.OPTIMIZER
+    if (
+        name in _CONTRACTIONS
+        or name.startswith(_CONTRACTION_PREFIXES)
+        or any(s in name for s in _CONTRACTION_SUBSTRINGS)
+    ):
+        return OpGroup.CONTRACTION
+    if name in _NORMALIZATIONS:
+        return OpGroup.NORMALIZATION
+    if name in _ELEMENTWISE:
+        return OpGroup.ELEMENTWISE
+    return OpGroup.OTHER
+
+
+_CACHE: dict[str, OpGroup] = {}
+
+
+def classify(op_name: str) -> OpGroup:
+    """The operation group of an aten op (``"aten.addmm.default"`` or ``"addmm"``). Ops that only
+    exist for optimizers (``_foreach_*``, ``_fused_adamw_``) are OPTIMIZER; other ops an optimizer
+    runs (``addcmul_``, ``lerp_``) are element-wise by name and attributed to OPTIMIZER by the
+    profiler when the tracker says the optimizer phase is on."""
+    group = _CACHE.get(op_name)
+    if group is None:
+        group = _classify_base(base_name(op_name))
+        if len(_CACHE) < 4096:
+            _CACHE[op_name] = group
+    return group
+
+
+# ---------------------------------------------------------------------------------------------
+# FLOP counting
+
+aten = torch.ops.aten
+
+
+def _shape(x: Any) -> Any:
+    return x.shape if isinstance(x, torch.Tensor) else x
+
+
+def _cpu_flash_flops(query: Any, key: Any, value: Any, *args: Any, **kwargs: Any) -> int:
+    return int(sdpa_flop_count(_shape(query), _shape(key), _shape(value)))
+
+
+def _cpu_flash_backward_flops(grad_out: Any, query: Any, key: Any, value: Any, *a: Any, **k: Any) -> int:
+    return int(sdpa_backward_flop_count(_shape(grad_out), _shape(query), _shape(key), _shape(value)))
+
+
+# Kernels FlopCounterMode does not count (it reports 0 FLOPs for attention on CPU): raw-args formulas.
+_EXTRA_FORMULAS: dict[Any, Callable[..., int]] = {}
+for _packet_name, _formula in (
+    ("_scaled_dot_product_flash_attention_for_cpu", _cpu_flash_flops),
+    ("_scaled_dot_product_flash_attention_for_cpu_backward", _cpu_flash_backward_flops),
+):
+    if hasattr(aten, _packet_name):
+        _EXTRA_FORMULAS[getattr(aten, _packet_name)] = _formula
+
+
+def _tensors(value: Any) -> Iterable[torch.Tensor]:
+    if isinstance(value, torch.Tensor):
+        yield value
+    elif isinstance(value, (list, tuple)):
+        for v in value:
+            if isinstance(v, torch.Tensor):
+                yield v
+
+
+def _max_numel(value: Any) -> int:
+    return max((t.numel() for t in _tensors(value)), default=0)
+
+
+def _sum_numel(value: Any) -> int:
+    return sum(t.numel() for t in _tensors(value))
+
+
+def _estimated_flops(group: OpGroup, name: str, args: tuple[Any, ...], out: Any) -> float:
+    if group is OpGroup.OTHER:
+        return 0.0
+    if group is OpGroup.NORMALIZATION:
+        return float(NORMALIZATION_FLOPS_PER_ELEMENT * _max_numel(out))
+    if name.startswith(("_fused_adam", "_fused_sgd", "_fused_adagrad")):
+        return float(FUSED_ADAM_FLOPS_PER_ELEMENT * (_sum_numel(args[0]) if args else 0))
+    if name.startswith("_foreach_"):
+        # In-place foreach ops return None: count the elements of the list they update.
+        n = _sum_numel(out) if out is not None else 0
+        return float(ELEMENTWISE_FLOPS_PER_ELEMENT * (n or (_sum_numel(args[0]) if args else 0)))
+    if name in _REDUCTIONS:
+        return float(ELEMENTWISE_FLOPS_PER_ELEMENT * (_max_numel(args[0]) if args else 0))
+    return float(ELEMENTWISE_FLOPS_PER_ELEMENT * _max_numel(out))
+
+
+def _flops(
+    func: Any, group: OpGroup, name: str, args: tuple[Any, ...], kwargs: dict[str, Any], out: Any
+) -> float:
+    packet = func.overloadpacket
+    formula = flop_registry.get(packet)
+    if formula is not None:
+        # flop_registry formulas take the raw args plus out_val (they map tensors to shapes).
+        return float(formula(*args, **kwargs, out_val=out))
+    extra = _EXTRA_FORMULAS.get(packet)
+    if extra is not None:
+        return float(extra(*args, **kwargs))
+    if group is OpGroup.CONTRACTION:
+        return 0.0  # an unknown contraction kernel: better no number than a wrong one
+    return _estimated_flops(group, name, args, out)
+
+
+_SEQUENCE_NR: Callable[[], int] | None = getattr(torch._C._autograd, "_get_sequence_nr", None)
+_current_autograd_node: Callable[[], Any] = getattr(torch._C, "_current_autograd_node", lambda: None)
+_NORM_MODULE_RE = re.compile(r"Norm(?:\d+d)?$")
+_NORM_TYPES: dict[type, bool] = {}
+
+
+def _is_norm_module(module: torch.nn.Module) -> bool:
+    """LayerNorm, LlamaRMSNorm, BatchNorm2d, GroupNorm, ...: leaf modules named *Norm. A wrapper with
+    children (a "PreNorm" block around attention) is not one."""
+    cls = type(module)
+    named = _NORM_TYPES.get(cls)
+    if named is None:
+        named = _NORM_TYPES[cls] = bool(_NORM_MODULE_RE.search(cls.__name__))
+    return named and not module._modules
+
+
+def _device_of(args: tuple[Any, ...]) -> torch.device | None:
+    for a in args:
+        if isinstance(a, torch.Tensor):
+            return a.device
+        if isinstance(a, (list, tuple)) and a and isinstance(a[0], torch.Tensor):
+            return a[0].device
+    return None
+
+
+# Ops that only ask tensor metadata: FlopCounterMode skips them too; they are not work.
+_METADATA_OPS = frozenset(
+    {"is_contiguous", "sym_is_contiguous", "is_strides_like_format", "is_non_overlapping_and_dense",
+     "size", "sym_size", "stride", "sym_stride", "storage_offset", "sym_storage_offset", "numel",
+     "sym_numel", "dim", "layout", "device"}
+)  # fmt: skip
+
+
+class OpGroupProfiler(TorchDispatchMode):
+    """FLOPs and time per operation group for everything run inside ``with profiler:``.
+
+    Use on a sampled step only. ``set_phase(Phase.OPTIMIZER)`` (the tracker calls it from the
+    optimizer's step pre-hook) attributes every following op to OPTIMIZER until another phase is set.
+    Accounting errors never reach the training step: a failing FLOP formula counts 0.
+    """
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._lock = threading.Lock()
+        self._phase = Phase.FORWARD
+        self._flops: dict[OpGroup, float] = {}
+        self._cpu_time: dict[OpGroup, float] = {}
+        self._ops: dict[OpGroup, int] = {}
+        # CUDA: (group, start event, end event) waiting for the device; the last end event per stream.
+        self._pending: list[tuple[OpGroup, Any, Any]] = []
+        self._last_events: dict[Any, Any] = {}
+        self._group_of: dict[Any, tuple[OpGroup, str]] = {}
+        self._result: dict[OpGroup, OpGroupStat] | None = None
+        self._exited = False
+        self.total_flops: float = 0.0
+        self.errors = 0
+        # Normalization modules written as element-wise Python (LlamaRMSNorm: pow, mean, rsqrt, mul):
+        # while one runs forward, _norm_depth > 0; the autograd nodes it created (a range of the
+        # thread's sequence numbers) mark its backward ops.
+        self._norm_depth = 0
+        self._norm_start = 0
+        self._norm_starts: list[int] = []
+        self._norm_ends: list[int] = []
+        self._hook_handles: list[Any] = []
+
+    # -- the tracker's side -----------------------------------------------------------------
+
+    def set_phase(self, phase: Phase) -> None:
+        self._phase = phase
+
+    @property
+    def op_count(self) -> int:
+        return sum(self._ops.values())
+
+    @property
+    def model_flops(self) -> float:
+        """FLOPs of the model's forward and backward (all groups but the optimizer): MFU's numerator."""
+        return sum(f for g, f in self._flops.items() if g is not OpGroup.OPTIMIZER)
+
+    def __enter__(self) -> OpGroupProfiler:
+        self._install_norm_hooks()
+        super().__enter__()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        try:
+            super().__exit__(*exc)
+        finally:
+            for handle in self._hook_handles:
+                handle.remove()
+            self._hook_handles = []
+            self._exited = True
+
+    def _install_norm_hooks(self) -> None:
+        if _SEQUENCE_NR is None:
+            return
+        try:
+            pre = torch.nn.modules.module.register_module_forward_pre_hook(self._norm_enter)
+            self._hook_handles.append(pre)
+            post = torch.nn.modules.module.register_module_forward_hook(self._norm_exit, always_call=True)
+            self._hook_handles.append(post)
+        except Exception:  # older torch without always_call: name-based classification only
+            for handle in self._hook_handles:
+                handle.remove()
+            self._hook_handles = []
+            self.errors += 1
+
+    def _norm_enter(self, module: torch.nn.Module, args: Any) -> None:
+        if _is_norm_module(module):
+            if self._norm_depth == 0:
+                self._norm_start = _SEQUENCE_NR()  # type: ignore[misc]
+            self._norm_depth += 1
+
+    def _norm_exit(self, module: torch.nn.Module, args: Any, output: Any) -> None:
+        if _is_norm_module(module) and self._norm_depth > 0:
+            self._norm_depth -= 1
+            if self._norm_depth == 0:
+                end = _SEQUENCE_NR()  # type: ignore[misc]
+                # Ranges stay sorted for bisect; a range from another thread's counter (a checkpointed
+                # forward recomputed on a CUDA autograd thread) that would break the order is dropped.
+                if end > self._norm_start and (
+                    not self._norm_ends or self._norm_start >= self._norm_ends[-1]
+                ):
+                    self._norm_starts.append(self._norm_start)
+                    self._norm_ends.append(end)
+
+    def _in_norm_backward(self) -> bool:
+        try:
+            node = _current_autograd_node()
+            if node is None:
+                return False
+            seq = node._sequence_nr()
+        except Exception:
+            return False
+        i = bisect.bisect_right(self._norm_starts, seq) - 1
+        return i >= 0 and seq < self._norm_ends[i]
+
+    def result(self) -> dict[OpGroup, OpGroupStat] | None:
+        """Per group FLOPs and seconds for the profiled region; None while the profiler is still
+        active or CUDA work it timed has not completed (poll again later: this never blocks)."""
+        if self._result is not None:
+            return self._result
+        if not self._exited:
+            return None
+        with self._lock:
+            times = dict(self._cpu_time)
+            if self._pending:
+                try:
+                    if not all(ev.query() for ev in self._last_events.values()):
+                        return None
+                    for group, start, end in self._pending:
+                        times[group] = times.get(group, 0.0) + start.elapsed_time(end) / 1000.0
+                except Exception:  # a device error: report FLOPs without device times
+                    self.errors += 1
+                    times = {g: t for g, t in self._cpu_time.items()}
+                self._pending = []
+                self._last_events = {}
+            groups = set(self._flops) | set(times) | set(self._ops)
+            self._result = {
+                g: OpGroupStat(flops=self._flops.get(g, 0.0), time_s=times.get(g, 0.0))
+                for g in OpGroup
+                if g in groups
+            }
+        return self._result
+
+    # -- the dispatch mode --------------------------------------------------------------------
+
+    def _lookup(self, func: Any) -> tuple[OpGroup, str]:
+        cached = self._group_of.get(func)
+        if cached is None:
+            full = str(func)
+            name = base_name(full)
+            cached = (_classify_base(name), name)
+            self._group_of[func] = cached
+        return cached
+
+    def __torch_dispatch__(
+        self, func: Any, types: Any, args: tuple[Any, ...] = (), kwargs: dict[str, Any] | None = None
+    ) -> Any:
+        kwargs = kwargs or {}
+        group, name = self._lookup(func)
+        if name in _METADATA_OPS:
+            return func(*args, **kwargs)
+        device = _device_of(args)
+        stream = start = end = None
+        if device is not None and device.type == "cuda":
+            try:
+                stream = torch.cuda.current_stream(device)
+                start = torch.cuda.Event(enable_timing=True)
+                end = torch.cuda.Event(enable_timing=True)
+                start.record(stream)
+            except Exception:  # e.g. inside CUDA graph capture: fall back to host time
+                start = None
+                self.errors += 1
+        if start is not None and end is not None:
+            out = func(*args, **kwargs)
+            try:
+                end.record(stream)
+                elapsed = None
+            except Exception:
+                start = None
+                elapsed = 0.0
+                self.errors += 1
+        else:
+            t0 = time.perf_counter()
+            out = func(*args, **kwargs)
+            elapsed = time.perf_counter() - t0
+        try:
+            flops = _flops(func, group, name, args, kwargs, out)
+        except Exception:
+            flops = 0.0
+            self.errors += 1
+        if self._phase is Phase.OPTIMIZER:
+            group = OpGroup.OPTIMIZER
+        elif group is not OpGroup.CONTRACTION and (
+            self._norm_depth > 0 or (self._norm_starts and self._in_norm_backward())
+        ):
+            group = OpGroup.NORMALIZATION
+        with self._lock:
+            self._flops[group] = self._flops.get(group, 0.0) + flops
+            self._ops[group] = self._ops.get(group, 0) + 1
+            self.total_flops += flops
+            if elapsed is not None:
+                self._cpu_time[group] = self._cpu_time.get(group, 0.0) + elapsed
+            else:
+                self._pending.append((group, start, end))
+                self._last_events[stream] = end
+        return out

@@ -1,0 +1,502 @@
+"""The hook's publisher: one Unix domain socket per training process, served by a daemon thread.
+
+Stdlib only. The training thread only ever calls ``publish()``, which stores a reference (an atomic
+assignment under the GIL); encoding and all socket I/O happen on the server thread. Each reader gets
+the hello and the latest snapshot on connect, then at most one snapshot per ``interval_s``, latest
+only. Per reader at most two encoded messages are held: the one being written and the newest one
+waiting behind it, so a stuck reader costs bounded memory and never slows training.
+"""
+
+from __future__ import annotations
+
+import atexit
+import contextlib
+import dataclasses
+import logging
+import os
+import select
+import selectors
+import socket
+import stat
+import threading
+import time
+import weakref
+from pathlib import Path
+
+from anatomy import protocol
+from anatomy.protocol import Hello, Snapshot
+
+log = logging.getLogger("anatomy")
+
+MAX_READERS = 64
+# Readers send nothing; what they send anyway is read and dropped, up to this much per connection.
+MAX_INBOUND_BYTES = 64 * 1024
+_SEND_FLAGS = getattr(socket, "MSG_NOSIGNAL", 0)
+_IDLE_WAIT_S = 5.0
+
+# Publishers alive in this process, for the fork handler (a weak set: a closed publisher may go).
+_LIVE: weakref.WeakSet[Publisher] = weakref.WeakSet()
+_TAKEN_PATHS: set[Path] = set()
+_TAKEN_LOCK = threading.Lock()
+
+
+class _Reader:
+    """One connected reader: the message being written (and how far), and the newest one waiting."""
+
+    __slots__ = ("current", "hello", "inbound", "next", "offset", "sent", "sock")
+
+    def __init__(self, sock: socket.socket, first: bytes, sent: Snapshot | None) -> None:
+        self.sock = sock
+        self.current = first
+        self.offset = 0
+        self.next: bytes | None = None
+        self.inbound = 0
+        self.sent = sent  # the snapshot last queued for this reader: never queue it twice
+        self.hello: bytes | None = None  # a replaced hello, sent before whatever comes next
+
+    @property
+    def busy(self) -> bool:
+        return self.offset < len(self.current)
+
+    def queue(self, data: bytes, snapshot: Snapshot) -> None:
+        self.sent = snapshot
+        if self.busy:
+            self.next = data  # replaces an older waiting snapshot: latest only
+        else:
+            self.current, self.offset, self.next = data, 0, None
+            self._prepend_hello()
+
+    def queue_hello(self, data: bytes) -> None:
+        self.hello = data  # replaces an older waiting hello
+        if not self.busy:
+            self.current, self.offset = b"", 0
+            self._prepend_hello()
+
+    def advance(self) -> bool:
+        """The current message is out: move on to what waits. False when nothing does."""
+        waiting = (self.hello or b"") + (self.next or b"")
+        self.hello = self.next = None
+        self.current, self.offset = waiting, 0
+        return bool(waiting)
+
+    def _prepend_hello(self) -> None:
+        if self.hello is not None:
+            self.current, self.hello = self.hello + self.current, None
+
+    @property
+    def buffered(self) -> int:
+        waiting = (len(self.next) if self.next else 0) + (len(self.hello) if self.hello else 0)
+        return len(self.current) - self.offset + waiting
+
+
+class Publisher:
+    """Serves ``hello`` and the latest ``Snapshot`` to any number of anatomy-top monitors.
+
+    Never raises to the caller: a failure to start returns None from ``start()`` and logs one line.
+    """
+
+    def __init__(self, hello: Hello, interval_s: float = 0.5, directory: Path | None = None) -> None:
+        self.hello = hello
+        self.interval_s = max(0.0, float(interval_s))
+        self._directory = Path(directory) if directory is not None else None
+        self._owner_pid = os.getpid()
+        self._path: Path | None = None
+        self._latest: Snapshot | None = None
+        self._listener: socket.socket | None = None
+        self._wake_r: socket.socket | None = None
+        self._wake_w: socket.socket | None = None
+        self._selector: selectors.BaseSelector | None = None
+        self._thread: threading.Thread | None = None
+        self._readers: dict[int, _Reader] = {}
+        self._reader_count = 0
+        self._closing = False
+        self._closed = False
+        self._forked = False
+        self._logged: set[str] = set()
+        self._hello_bytes = b""
+        self._hello_obj: Hello | None = None  # the hello _hello_bytes encodes
+        self._sent_obj: Snapshot | None = None  # the snapshot last broadcast (or skipped as unencodable)
+        self._sent_bytes: bytes | None = None
+        self._last_send = 0.0
+        self.messages_sent = 0  # snapshots handed to readers (for tests and benchmarks)
+        self.readers_dropped = 0
+
+    # -- public API -------------------------------------------------------------------------
+
+    @property
+    def path(self) -> Path | None:
+        return self._path
+
+    @property
+    def reader_count(self) -> int:
+        return self._reader_count
+
+    @property
+    def directory(self) -> Path | None:
+        return self._directory
+
+    def start(self) -> Path | None:
+        """Bind the socket and start serving; the socket's path, or None if it could not start."""
+        if self._thread is not None:
+            return self._path
+        if self._closed or self._forked:
+            return None
+        self._owner_pid = os.getpid()  # the process that serves (and may unlink) the socket
+        try:
+            self._hello_bytes = protocol.encode(self.hello)
+            self._hello_obj = self.hello
+            directory = self._prepare_directory()
+            protocol.discover(directory, clean_stale=True)
+            path = self._claim_path(directory)
+            self._listen(path)
+            self._wake_r, self._wake_w = socket.socketpair()
+            self._wake_r.setblocking(False)
+            self._wake_w.setblocking(False)
+            self._selector = selectors.DefaultSelector()
+            assert self._listener is not None
+            self._selector.register(self._listener, selectors.EVENT_READ, None)
+            self._selector.register(self._wake_r, selectors.EVENT_READ, None)
+            self._thread = threading.Thread(target=self._serve, name="anatomy-publisher", daemon=True)
+            self._thread.start()
+        except Exception as exc:  # never raise into the training script
+            self._log_once(
+                "start", "anatomy-top: publisher could not start (%s); the hook runs unpublished", exc
+            )
+            self._release()
+            self._path = None
+            return None
+        _LIVE.add(self)
+        atexit.register(self.close)
+        return self._path
+
+    def publish(self, snapshot: Snapshot) -> None:
+        """Make ``snapshot`` the latest; the server thread sends it at its next tick. O(1)."""
+        self._latest = snapshot
+
+    def set_hello(self, hello: Hello) -> None:
+        """Replace the hello (the set-up changed: an optimizer attached, the precision learnt). O(1);
+        connected readers get the new hello at the next tick, before any later snapshot."""
+        self.hello = hello
+
+    def write_oom(self, snapshot: Snapshot) -> Path | None:
+        """Write the hello and ``snapshot`` (``oom`` set) to ``<dir>/anatomy-<pid>.oom.json``."""
+        try:
+            directory = self._directory if self._directory is not None else protocol.runtime_dir(create=True)
+            if snapshot.oom is None:
+                snapshot = dataclasses.replace(snapshot, oom="out of memory")
+            return protocol.write_oom_file(directory, self.hello, snapshot)
+        except Exception as exc:
+            self._log_once("oom", "anatomy-top: could not write the out-of-memory snapshot (%s)", exc)
+            return None
+
+    def close(self) -> None:
+        """Stop serving and remove the socket. Idempotent; a forked child never touches the parent's."""
+        if self._closed:
+            return
+        self._closed = True
+        with contextlib.suppress(Exception):
+            atexit.unregister(self.close)
+        if os.getpid() != self._owner_pid or self._forked:
+            self._drop_inherited()
+            return
+        self._closing = True
+        if self._wake_w is not None:
+            with contextlib.suppress(OSError):
+                self._wake_w.send(b"x", _SEND_FLAGS)
+        thread = self._thread
+        if thread is not None and thread is not threading.current_thread():
+            thread.join(timeout=2.0)
+        self._release()
+
+    def __enter__(self) -> Publisher:
+        self.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # -- setup ------------------------------------------------------------------------------
+
+    def _prepare_directory(self) -> Path:
+        if self._directory is None:
+            self._directory = protocol.runtime_dir(create=True)
+            return self._directory
+        directory = self._directory
+        directory.mkdir(mode=0o700, parents=True, exist_ok=True)
+        st = directory.lstat()
+        if not stat.S_ISDIR(st.st_mode) or st.st_uid != os.getuid():
+            raise PermissionError(f"{directory} is not a directory owned by uid {os.getuid()}")
+        if stat.S_IMODE(st.st_mode) != 0o700:
+            os.chmod(directory, 0o700)
+        return directory
+
+    def _claim_path(self, directory: Path) -> Path:
+        """``anatomy-<pid>.sock``; a second publisher in the same process gets ``anatomy-<pid>-<n>``."""
+        pid = os.getpid()
+        with _TAKEN_LOCK:
+            n = 0
+            while True:
+                path = directory / protocol.socket_name(pid, str(n) if n else None)
+                if path not in _TAKEN_PATHS:
+                    _TAKEN_PATHS.add(path)
+                    self._path = path
+                    return path
+                n += 1
+
+    def _listen(self, path: Path) -> None:
+        # A file with our name belongs to a dead process whose PID we reuse (we are alive and no
+        # other publisher of ours holds the name): replace it.
+        with contextlib.suppress(FileNotFoundError):
+            if path.is_dir() and not path.is_symlink():
+                raise FileExistsError(f"{path} is a directory")
+            path.unlink()
+        listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        try:
+            listener.bind(str(path))
+            # The directory is 0700, so nobody else can reach the socket before this chmod.
+            os.chmod(path, 0o600)
+            listener.listen(128)
+            listener.setblocking(False)
+        except Exception:
+            listener.close()
+            with contextlib.suppress(OSError):
+                path.unlink()
+            raise
+        self._listener = listener
+
+    # -- the server thread ------------------------------------------------------------------
+
+    def _serve(self) -> None:
+        try:
+            self._loop()
+            self._final_flush()
+        except Exception as exc:  # a bug here must not take the training process down
+            self._log_once("serve", "anatomy-top: publisher stopped (%s)", exc)
+        finally:
+            for reader in list(self._readers.values()):
+                self._drop(reader)
+
+    def _loop(self) -> None:
+        selector = self._selector
+        assert selector is not None
+        while not self._closing:
+            now = time.monotonic()
+            latest = self._latest
+            if latest is not None and latest is not self._sent_obj and self._readers:
+                wait = max(0.0, self._last_send + self.interval_s - now)
+            elif self._readers:
+                # No wake-up from publish() (it must stay a bare assignment): poll at the interval.
+                wait = self.interval_s if self.interval_s > 0 else 0.05
+            else:
+                wait = _IDLE_WAIT_S
+            for key, events in selector.select(timeout=wait):
+                if self._closing:
+                    return
+                if key.fileobj is self._listener:
+                    self._accept()
+                elif key.fileobj is self._wake_r:
+                    with contextlib.suppress(OSError):
+                        self._wake_r.recv(64)
+                else:
+                    reader: _Reader = key.data
+                    if events & selectors.EVENT_READ:
+                        self._read(reader)
+                    if events & selectors.EVENT_WRITE and reader.sock.fileno() in self._readers:
+                        self._write(reader)
+            self._refresh_hello()
+            if time.monotonic() - self._last_send >= self.interval_s:
+                self._send_latest()
+
+    def _refresh_hello(self) -> None:
+        hello = self.hello
+        if hello is self._hello_obj:
+            return
+        self._hello_obj = hello
+        try:
+            data = protocol.encode(hello)
+        except Exception as exc:
+            self._log_once("hello", "anatomy-top: a new hello could not be encoded (%s)", exc)
+            return
+        self._hello_bytes = data
+        for reader in list(self._readers.values()):
+            reader.queue_hello(data)
+            self._write(reader)
+
+    def _send_latest(self) -> None:
+        latest = self._latest
+        if latest is None or latest is self._sent_obj:
+            return
+        data = self._encode(latest)
+        self._sent_obj = latest  # an unencodable snapshot is skipped, not retried
+        if data is not None:
+            self._sent_bytes = data
+            self._last_send = time.monotonic()
+            self._broadcast(data, latest)
+
+    def _final_flush(self, budget_s: float = 0.25) -> None:
+        """On close: the last snapshot (a tracker publishes one as it closes) goes out regardless of
+        the interval, and readers get a short, bounded chance to take what is queued for them."""
+        self._refresh_hello()
+        self._send_latest()
+        deadline = time.monotonic() + budget_s
+        while (busy := [r for r in self._readers.values() if r.busy]) and time.monotonic() < deadline:
+            try:
+                _, writable, _ = select.select([], [r.sock for r in busy], [], deadline - time.monotonic())
+            except (OSError, ValueError):
+                return
+            for sock in writable:
+                reader = self._readers.get(sock.fileno())
+                if reader is not None:
+                    self._write(reader)
+
+    def _encode(self, snapshot: Snapshot) -> bytes | None:
+        try:
+            return protocol.encode(snapshot)
+        except Exception as exc:
+            self._log_once("encode", "anatomy-top: a snapshot could not be encoded (%s)", exc)
+            return None
+
+    def _accept(self) -> None:
+        assert self._listener is not None and self._selector is not None
+        self._refresh_hello()
+        while True:
+            try:
+                sock, _ = self._listener.accept()
+            except (BlockingIOError, InterruptedError):
+                return
+            except OSError as exc:
+                self._log_once("accept", "anatomy-top: accept failed (%s)", exc)
+                return
+            if len(self._readers) >= MAX_READERS:
+                sock.close()
+                continue
+            sock.setblocking(False)
+            # The newest snapshot at connect time, even if its interval tick has not come yet.
+            latest = self._latest
+            snap, snap_obj = self._sent_bytes, self._sent_obj
+            if latest is not None and latest is not snap_obj:
+                encoded = self._encode(latest)
+                if encoded is not None:
+                    snap, snap_obj = encoded, latest
+            reader = _Reader(sock, self._hello_bytes + (snap or b""), snap_obj if snap else None)
+            self._readers[sock.fileno()] = reader
+            self._reader_count = len(self._readers)
+            self._selector.register(sock, selectors.EVENT_READ | selectors.EVENT_WRITE, reader)
+            self._write(reader)
+
+    def _read(self, reader: _Reader) -> None:
+        try:
+            chunk = reader.sock.recv(4096)
+        except (BlockingIOError, InterruptedError):
+            return
+        except OSError:
+            self._drop(reader)
+            return
+        if not chunk:  # the reader hung up
+            self._drop(reader)
+            return
+        reader.inbound += len(chunk)
+        if reader.inbound > MAX_INBOUND_BYTES:
+            self._drop(reader)
+
+    def _write(self, reader: _Reader) -> None:
+        while reader.busy:
+            try:
+                n = reader.sock.send(memoryview(reader.current)[reader.offset :], _SEND_FLAGS)
+            except (BlockingIOError, InterruptedError):
+                break
+            except OSError:  # EPIPE, ECONNRESET: the reader died
+                self._drop(reader)
+                return
+            reader.offset += n
+            if not reader.busy:
+                self.messages_sent += 1
+                reader.advance()
+        self._set_interest(reader)
+
+    def _broadcast(self, data: bytes, snapshot: Snapshot) -> None:
+        for reader in list(self._readers.values()):
+            if reader.sent is not snapshot:
+                reader.queue(data, snapshot)
+                self._write(reader)
+
+    def _set_interest(self, reader: _Reader) -> None:
+        if reader.sock.fileno() not in self._readers or self._selector is None:
+            return
+        events = selectors.EVENT_READ | (selectors.EVENT_WRITE if reader.busy else 0)
+        with contextlib.suppress(KeyError, ValueError, OSError):
+            self._selector.modify(reader.sock, events, reader)
+
+    def _drop(self, reader: _Reader) -> None:
+        fd = reader.sock.fileno()
+        if fd >= 0 and self._readers.pop(fd, None) is not None:
+            self.readers_dropped += 1
+            if self._selector is not None:
+                with contextlib.suppress(KeyError, ValueError, OSError):
+                    self._selector.unregister(reader.sock)
+        with contextlib.suppress(OSError):
+            reader.sock.close()
+        self._reader_count = len(self._readers)
+
+    def buffered_bytes(self) -> int:
+        """Bytes held for readers right now (bounded: at most two messages per reader)."""
+        return sum(r.buffered for r in list(self._readers.values()))
+
+    # -- teardown ---------------------------------------------------------------------------
+
+    def _release(self) -> None:
+        for sock in (self._listener, self._wake_r, self._wake_w):
+            if sock is not None:
+                with contextlib.suppress(OSError):
+                    sock.close()
+        if self._selector is not None:
+            with contextlib.suppress(Exception):
+                self._selector.close()
+        self._listener = self._wake_r = self._wake_w = None
+        self._selector = None
+        path = self._path
+        if path is not None:
+            with contextlib.suppress(OSError):
+                path.unlink()
+            with _TAKEN_LOCK:
+                _TAKEN_PATHS.discard(path)
+        self._reader_count = 0
+
+    def _drop_inherited(self) -> None:
+        """In a forked child: close our copies of the parent's sockets (so a reader the parent drops
+        sees EOF), never unlink the parent's socket file, never serve."""
+        self._forked = True
+        self._closing = True
+        socks = [self._listener, self._wake_r, self._wake_w, *(r.sock for r in self._readers.values())]
+        for sock in socks:
+            if sock is not None:
+                with contextlib.suppress(OSError):
+                    sock.close()
+        if self._selector is not None:
+            with contextlib.suppress(Exception):
+                self._selector.close()
+        self._readers = {}
+        self._listener = self._wake_r = self._wake_w = None
+        self._selector = None
+        self._thread = None
+        self._reader_count = 0
+
+    def _log_once(self, key: str, message: str, *args: object) -> None:
+        if key not in self._logged:
+            self._logged.add(key)
+            log.warning(message, *args)
+
+
+def _after_fork_in_child() -> None:
+    global _TAKEN_LOCK
+    _TAKEN_LOCK = threading.Lock()  # another thread may have held it at the fork
+    _TAKEN_PATHS.clear()
+    for publisher in list(_LIVE):
+        with contextlib.suppress(Exception):
+            publisher._drop_inherited()
+            publisher._closed = True
+            atexit.unregister(publisher.close)
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_after_fork_in_child)

@@ -1,0 +1,123 @@
+"""Phase marks of one training step and the durations they resolve to.
+
+On CPU a mark is a ``perf_counter`` reading. On CUDA it is an event recorded on the current stream;
+the durations are read only once the step's last event has completed (``Event.query()``), on a later
+step — the hot path never synchronizes.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from typing import Any
+
+BEGIN = "begin"
+FORWARD_PRE = "forward_pre"
+FORWARD_POST = "forward_post"
+OPTIMIZER_PRE = "optimizer_pre"
+OPTIMIZER_POST = "optimizer_post"
+BACKWARD_END = "backward_end"  # a micro-batch's backward is done (gradient accumulation)
+END = "end"
+
+
+@dataclass(frozen=True)
+class StepDurations:
+    step_s: float
+    forward_s: float | None
+    backward_s: float | None
+    optimizer_s: float | None
+
+
+class StepClock:
+    """The marks of one step, in the order they happened."""
+
+    __slots__ = ("_cuda", "_events", "_marks")
+
+    def __init__(self, cuda: bool = False) -> None:
+        self._cuda = cuda
+        self._marks: list[tuple[str, Any]] = []
+        self._events: Any = None
+        if cuda:
+            import torch
+
+            self._events = torch.cuda.Event
+
+    def mark(self, kind: str) -> None:
+        if self._cuda:
+            ev = self._events(enable_timing=True)
+            ev.record()
+            self._marks.append((kind, ev))
+        else:
+            self._marks.append((kind, time.perf_counter()))
+
+    @property
+    def kinds(self) -> list[str]:
+        return [k for k, _ in self._marks]
+
+    def ready(self) -> bool:
+        """True once every mark can be read without waiting."""
+        if not self._marks:
+            return False
+        if not self._cuda:
+            return True
+        return bool(self._marks[-1][1].query())
+
+    def span(self) -> float:
+        """Seconds from the first mark to the last (call once ready)."""
+        first, last = self._marks[0][1], self._marks[-1][1]
+        if not self._cuda:
+            return float(last - first)
+        return float(first.elapsed_time(last)) / 1000.0
+
+    def _seconds(self) -> list[tuple[str, float]]:
+        if not self._cuda:
+            return list(self._marks)
+        first = self._marks[0][1]
+        return [(k, 0.0 if ev is first else first.elapsed_time(ev) / 1000.0) for k, ev in self._marks]
+
+    def durations(self) -> StepDurations | None:
+        """None until ready. Backward is from each forward's end to the next forward, the optimizer
+        step or the step's end (so it includes the loss and ``backward()`` of every micro-batch)."""
+        if not self.ready():
+            return None
+        return durations_from_marks(self._seconds())
+
+
+def durations_from_marks(marks: list[tuple[str, float]]) -> StepDurations | None:
+    if len(marks) < 2:
+        return None
+    fwd = bwd = opt = 0.0
+    saw_fwd = saw_opt = False
+    fwd_start: float | None = None
+    bwd_start: float | None = None
+    opt_start: float | None = None
+    for kind, t in marks:
+        if kind == FORWARD_PRE:
+            if bwd_start is not None:
+                bwd += t - bwd_start
+                bwd_start = None
+            fwd_start = t
+        elif kind == FORWARD_POST and fwd_start is not None:
+            fwd += t - fwd_start
+            saw_fwd = True
+            fwd_start = None
+            bwd_start = t
+        elif kind == OPTIMIZER_PRE:
+            if bwd_start is not None:
+                bwd += t - bwd_start
+                bwd_start = None
+            opt_start = t
+        elif kind == OPTIMIZER_POST and opt_start is not None:
+            opt += t - opt_start
+            saw_opt = True
+            opt_start = None
+        elif kind in (END, BACKWARD_END) and bwd_start is not None:
+            bwd += t - bwd_start
+            bwd_start = None
+    step = marks[-1][1] - marks[0][1]
+    return StepDurations(
+        step_s=max(step, 0.0),
+        forward_s=fwd if saw_fwd else None,
+        backward_s=bwd if saw_fwd else None,
+        optimizer_s=opt if saw_opt else None,
+    )

@@ -1,0 +1,164 @@
+"""Benchmark of `anatomy-top plan` and the advisor.
+
+Prints, for the scale targets (BERT-large batch 4 x 512 in < 1 s, a 7B Llama in < 10 s, process
+memory growing < 500 MB):
+  * plan time, cold (first plan in the process: FakeTensorMode warms up) and warm, and the peak RSS
+    growth the plans caused;
+  * the ratio of the default (depth-extrapolated) plan to the exact full-depth run of the same model,
+    measured in the same run, with both results (they must agree);
+  * the technique table + largest-batch search time;
+  * advise() per call, against protocol.encode of the same snapshot (what the hook pays per publish).
+
+Run: .venv/bin/python benchmarks/bench_plan.py
+"""
+
+from __future__ import annotations
+
+import resource
+import time
+from dataclasses import replace
+
+import psutil
+
+
+def _rss() -> int:
+    return psutil.Process().memory_info().rss
+
+
+def _maxrss() -> int:
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+
+
+def _timed(fn, repeat: int = 1):  # type: ignore[no-untyped-def]
+    best = float("inf")
+    out = None
+    for _ in range(repeat):
+        t = time.perf_counter()
+        out = fn()
+        best = min(best, time.perf_counter() - t)
+    return best, out
+
+
+def main() -> None:
+    import transformers
+    from transformers import BertConfig, LlamaConfig
+
+    from anatomy.plan import Planner, PlanSettings, largest_batch, technique_table
+    from anatomy.vocabulary import Component, Precision
+
+    transformers.logging.set_verbosity_error()
+    mib = 1 << 20
+    bert = BertConfig(
+        hidden_size=1024,
+        num_hidden_layers=24,
+        num_attention_heads=16,
+        intermediate_size=4096,
+        architectures=["BertForSequenceClassification"],
+    )
+    settings = PlanSettings(batch_size=4, seq_len=512)
+    rss0, max0 = _rss(), _maxrss()
+
+    cold, _ = _timed(lambda: Planner(bert, name="bert-large").plan(settings))
+    warm, result = _timed(lambda: Planner(bert, name="bert-large").plan(settings), repeat=3)
+    exact, full = _timed(lambda: Planner(bert, name="bert-large").plan(replace(settings, exact_depth=True)))
+    act, act_full = result.components[Component.ACTIVATIONS], full.components[Component.ACTIVATIONS]
+    print("BERT-large (335 M params), batch 4 x seq 512, fp32 AdamW, CUDA target")
+    print(f"  plan cold {cold:.2f} s, warm {warm:.2f} s (target < 1 s)")
+    print(
+        f"  exact full-depth run {exact:.2f} s: extrapolated/exact time ratio {warm / exact:.2f}; "
+        f"activations {act / mib:.1f} vs {act_full / mib:.1f} MiB, peak {result.peak_bytes / mib:.1f} vs "
+        f"{full.peak_bytes / mib:.1f} MiB"
+    )
+    print(
+        f"  predicted: peak {result.peak_bytes / mib:.0f} MiB ({result.peak_phase.value}), "
+        f"total {result.total_bytes / mib:.0f} MiB"
+    )
+
+    planner = Planner(bert, name="bert-large")
+    table_s, rows = _timed(lambda: technique_table(planner, settings, "V100-16GB"))
+    batch_s, batch = _timed(lambda: largest_batch(planner, settings, "V100-16GB"))
+    print(
+        f"  technique table ({len(rows)} rows) {table_s:.2f} s; "
+        f"largest batch {batch.batch_size} in {batch_s:.2f} s"
+    )
+
+    llama = LlamaConfig(
+        hidden_size=4096,
+        intermediate_size=11008,
+        num_hidden_layers=32,
+        num_attention_heads=32,
+        num_key_value_heads=32,
+        vocab_size=32000,
+    )
+    l_settings = PlanSettings(batch_size=1, seq_len=2048, precision=Precision.BF16_MIXED)
+    l_time, l_res = _timed(lambda: Planner(llama, "causal-lm", name="llama-7b").plan(l_settings))
+    print("Llama-7B-style (6.74 B params), batch 1 x seq 2048, bf16 mixed AdamW")
+    print(
+        f"  plan {l_time:.2f} s (target < 10 s); peak {l_res.peak_bytes / (1 << 30):.1f} GiB "
+        f"({l_res.peak_phase.value}), total {l_res.total_bytes / (1 << 30):.1f} GiB"
+    )
+    print(
+        f"Process memory: RSS grew {(_rss() - rss0) / mib:.0f} MB, peak RSS grew "
+        f"{(_maxrss() - max0) / mib:.0f} MB over all plans above (target < 500 MB)"
+    )
+
+    from anatomy import protocol
+    from anatomy.advisor import advise
+
+    hello = protocol.Hello(
+        pid=1,
+        host="h",
+        device="cuda:0",
+        precision="fp32",
+        optimizer="adamw",
+        model_class="M",
+        parameter_count=10**9,
+        torch_version="x",
+        started_at=0.0,
+        device_name="NVIDIA A100-SXM4-80GB",
+        device_memory_bytes=80 << 30,
+        vocab_size=50257,
+    )
+    history = []
+    for i in range(1, 65):
+        cuda = protocol.CudaMemory(
+            allocated=(18 << 30) + i * (100 << 20),
+            reserved=78 << 30,
+            peak_allocated=75 << 30,
+            alloc_retries=1,
+            ooms=0,
+        )
+        history.append(
+            protocol.Snapshot(
+                pid=1,
+                seq=i,
+                time=float(i),
+                step=i,
+                memory={c.value: 10 << 30 for c in Component},
+                expected_bytes_per_param={},
+                parameter_count=10**9,
+                peak_bytes=75 << 30,
+                peak_phase="backward",
+                cuda=cuda,
+                batch_size=12,
+            )
+        )
+    snap = history[-1]
+    n = 2000
+    t = time.perf_counter()
+    for _ in range(n):
+        out = advise(hello, snap, history[:-1])
+    per_advise = (time.perf_counter() - t) / n
+    t = time.perf_counter()
+    for _ in range(n):
+        protocol.encode(replace(snap, suggestions=out))
+    per_encode = (time.perf_counter() - t) / n
+    print(
+        f"advise(): {per_advise * 1e6:.0f} us/call with 64 snapshots of history and {len(out)} suggestions "
+        f"(target < 1 ms); protocol.encode of the same snapshot {per_encode * 1e6:.0f} us: ratio "
+        f"{per_advise / per_encode:.2f}"
+    )
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,121 @@
+"""Regenerate the README's screenshots from frozen data: screenshots/{wide,narrow,demo}.{svg,png}.
+
+    .venv/bin/python scripts/screenshots.py [--out screenshots]
+
+Each screen is rendered headless by the real app (``App.run_test``) from the frozen 8-GPU box in
+tests/tui/frozen.py, saved as SVG with ``export_screenshot()``, and converted to PNG with cairosvg when it
+is installed (it renders faithfully with Debian's fonts-firacode; without cairosvg only the SVGs are
+written and the script says so). Exit status 0 when every SVG was written.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import sys
+import time
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "tests" / "tui"))
+
+import frozen  # noqa: E402  (the test suite's frozen data)
+from textual.pilot import Pilot  # noqa: E402
+
+from tui.app import AnatomyTopApp  # noqa: E402
+from tui.widgets.process_table import ProcessTable  # noqa: E402
+
+
+async def _select(pilot: Pilot[Any], pid: int) -> None:
+    table = pilot.app.query_one(ProcessTable)
+    key = next(k for k, row in table.rows_by_key.items() if row.pid == pid)
+    table.move_cursor(row=table.get_row_index(key))
+    await pilot.pause()
+
+
+async def _wide(pilot: Pilot[Any]) -> None:
+    await _select(pilot, frozen.TRAIN_PID)
+
+
+async def _narrow(pilot: Pilot[Any]) -> None:
+    await _select(pilot, frozen.TRAIN_PID)
+    await pilot.press("tab")
+
+
+async def _demo(pilot: Pilot[Any]) -> None:
+    await _select(pilot, frozen.DDP_PIDS[1])
+
+
+@dataclass(frozen=True)
+class Shot:
+    name: str
+    size: tuple[int, int]
+    prepare: Callable[[Pilot[Any]], Awaitable[None]]
+
+
+SHOTS = (
+    Shot("wide", (160, 50), _wide),
+    Shot("narrow", (80, 30), _narrow),
+    Shot("demo", (140, 45), _demo),
+)
+
+
+async def render(shot: Shot) -> str:
+    app = AnatomyTopApp(
+        frozen.FakeMachineSource(),
+        frozen.FakeAnatomySource(),
+        interval=3600.0,
+        handle_signals=False,
+        host_lookup=frozen.frozen_host_lookup,
+    )
+    async with app.run_test(size=shot.size) as pilot:
+        await app.wait_for_poll()
+        await pilot.pause()
+        await shot.prepare(pilot)
+        await pilot.pause()
+        return app.export_screenshot(title=f"anatomy-top — {shot.name}")
+
+
+def to_png(svg: str, path: Path) -> bool:
+    try:
+        import cairosvg  # type: ignore[import-not-found]
+    except ImportError:
+        return False
+    cairosvg.svg2png(bytestring=svg.encode(), write_to=str(path))
+    return True
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
+    parser.add_argument("--out", type=Path, default=ROOT / "screenshots")
+    args = parser.parse_args(argv)
+    os.environ["TZ"] = "UTC"  # the header shows the frozen time in the local zone
+    time.tzset()
+    args.out.mkdir(parents=True, exist_ok=True)
+    missing_png = False
+    for shot in SHOTS:
+        svg = asyncio.run(render(shot))
+        svg_path = args.out / f"{shot.name}.svg"
+        svg_path.write_text(svg, encoding="utf-8")
+        png_path = args.out / f"{shot.name}.png"
+        if to_png(svg, png_path):
+            print(f"wrote {svg_path} and {png_path}")
+        else:
+            missing_png = True
+            print(f"wrote {svg_path}")
+    if missing_png:
+        print(
+            "PNGs not written: install cairosvg (pip install cairosvg) and the Fira Code font "
+            "(Debian: apt-get install fonts-firacode), then run again",
+            file=sys.stderr,
+        )
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

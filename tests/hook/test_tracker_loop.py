@@ -1,0 +1,254 @@
+"""The plain-loop way in: snapshots, timing, op groups, accumulation, degradation, ANATOMY_TOP=0."""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+import torch
+
+import anatomy
+from anatomy import protocol
+from anatomy.vocabulary import Component, OpGroup, Phase
+
+VOCAB = 2000
+
+
+def _bert(hk: SimpleNamespace) -> torch.nn.Module:
+    return hk.small_bert(vocab=VOCAB)
+
+
+def _batch(hk: SimpleNamespace, batch: int = 4) -> dict[str, torch.Tensor]:
+    b = hk.bert_batch(batch=batch)
+    b["input_ids"] = b["input_ids"] % VOCAB
+    return b
+
+
+def _params(model: torch.nn.Module) -> list[torch.Tensor]:
+    return [p.detach().clone() for p in model.parameters()]
+
+
+def test_plain_loop_snapshot_contents(hk: SimpleNamespace) -> None:
+    model = _bert(hk)
+    opt = torch.optim.AdamW(model.parameters())
+    batch = _batch(hk)
+    n = sum(p.numel() for p in model.parameters())
+    with anatomy.track(model, opt, publish=False, sample_every=3) as tracker:
+        hk.train_steps(model, opt, 4, tracker, batch=batch)
+        snap = tracker.latest
+        history = list(tracker.history)
+    assert snap is not None and snap.step == 3 and snap.error is None
+    # The snapshot is a valid protocol message.
+    assert protocol.decode(protocol.encode(snap)) == snap
+
+    mem = snap.memory
+    assert mem[Component.GRADIENTS.value] == 4 * n
+    states = mem[Component.OPTIMIZER_STATES.value]
+    assert states is not None and states - 4 * len(list(model.parameters())) == 8 * n
+    assert mem[Component.ACTIVATIONS.value] is not None and mem[Component.ACTIVATIONS.value] > 0
+    # Unmeasurable on CPU: None, never 0.
+    assert mem[Component.CUDA_CONTEXT.value] is None
+    assert mem[Component.ALLOCATOR_CACHE.value] is None
+    assert snap.cuda is None
+    assert snap.memory_source == "glibc"
+    assert mem[Component.TEMPORARIES.value] is not None
+    model_state = mem[Component.WEIGHTS.value] + states  # type: ignore[operator]
+    assert snap.peak_bytes is not None and snap.peak_bytes >= model_state
+    assert snap.peak_phase in {Phase.FORWARD.value, Phase.BACKWARD.value, Phase.OPTIMIZER.value}
+    assert snap.expected_bytes_per_param[Component.OPTIMIZER_STATES.value] == 8.0
+    assert snap.expected_bytes_per_param[Component.WEIGHTS.value] == 4.0
+    assert snap.parameter_count == n
+    assert len(history) >= 1 and history[-1] is snap
+
+    t = snap.timing
+    assert t.step_s is not None and t.forward_s and t.backward_s and t.optimizer_s
+    parts = t.forward_s + t.backward_s + t.optimizer_s
+    assert 0.5 * t.step_s < parts <= t.step_s * 1.0001
+    # Samples and tokens inferred from the forward's input_ids.
+    assert t.samples_per_s == pytest.approx(hk.BATCH / t.step_s)
+    assert t.tokens_per_s == pytest.approx(hk.BATCH * hk.SEQ / t.step_s)
+
+    # Op groups from the sampled step (step 1 and every 3rd): contractions dominate FLOPs.
+    assert snap.op_groups is not None and snap.op_groups_step in (1, 3)
+    flops = {k: v.flops or 0.0 for k, v in snap.op_groups.items()}
+    assert flops[OpGroup.CONTRACTION.value] / sum(flops.values()) > 0.9
+    assert snap.achieved_tflops is not None and snap.achieved_tflops > 0
+    assert snap.mfu is None  # no peak for a CPU
+
+
+def test_explicit_samples_and_tokens(hk: SimpleNamespace) -> None:
+    model = _bert(hk)
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    batch = _batch(hk)
+    with anatomy.track(model, opt, publish=False, sample_every=0) as tracker:
+        for _ in range(2):
+            with tracker.step(samples=10, tokens=1000):
+                model(**batch).loss.backward()
+                opt.step()
+                opt.zero_grad()
+        snap = tracker.latest
+    assert snap is not None and snap.timing.step_s
+    assert snap.timing.samples_per_s == pytest.approx(10 / snap.timing.step_s)
+    assert snap.timing.tokens_per_s == pytest.approx(1000 / snap.timing.step_s)
+    assert snap.op_groups is None  # sampling disabled
+
+
+def test_loop_without_step_context_is_stepped_by_hooks(hk: SimpleNamespace) -> None:
+    model = _bert(hk)
+    opt = torch.optim.AdamW(model.parameters())
+    batch = _batch(hk)
+    tracker = anatomy.track(model, opt, publish=False, sample_every=0)
+    for _ in range(3):
+        model(**batch).loss.backward()
+        opt.step()
+        opt.zero_grad()
+    model.eval()
+    with torch.no_grad():
+        model(**batch)  # evaluation: not a step
+    snap = tracker.latest
+    tracker.close()
+    assert snap is not None and snap.step == 2
+    assert snap.memory[Component.ACTIVATIONS.value]
+    assert snap.timing.optimizer_s is not None
+    assert not model._forward_pre_hooks and not model._forward_hooks  # close() detached everything
+
+
+def test_gradient_accumulation(hk: SimpleNamespace) -> None:
+    batch = _batch(hk)
+    n = sum(p.numel() for p in _bert(hk).parameters())
+    results = {}
+    for accum in (1, 3):
+        model = _bert(hk)
+        opt = torch.optim.AdamW(model.parameters())
+        with anatomy.track(model, opt, publish=False, sample_every=0, grad_accum_steps=accum) as tracker:
+            hk.train_steps(model, opt, 2, tracker, batch=batch, accum=accum)
+            results[accum] = tracker.latest
+    one, three = results[1], results[3]
+    assert one is not None and three is not None
+    assert three.grad_accum_steps == 3 and one.grad_accum_steps == 1
+    assert three.memory[Component.GRADIENTS.value] == 4 * n
+    # Activations are those of one micro-batch, not three.
+    assert three.memory[Component.ACTIVATIONS.value] == pytest.approx(
+        one.memory[Component.ACTIVATIONS.value], rel=0.01
+    )
+    # Three forwards per step: the samples counted are three micro-batches'.
+    t = three.timing
+    assert t.samples_per_s == pytest.approx(3 * hk.BATCH / t.step_s)
+
+
+def test_measurement_failure_never_reaches_training(
+    hk: SimpleNamespace, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    batch = _batch(hk)
+    reference = _bert(hk)
+    ref_opt = torch.optim.AdamW(reference.parameters())
+    ref_losses = hk.train_steps(reference, ref_opt, 3, batch=batch)
+
+    def broken(*args: object, **kwargs: object) -> int:
+        raise RuntimeError("state walk exploded")
+
+    monkeypatch.setattr("anatomy.tracker.optimizer_state_bytes", broken)
+    model = _bert(hk)
+    opt = torch.optim.AdamW(model.parameters())
+    with (
+        caplog.at_level(logging.WARNING, logger="anatomy"),
+        anatomy.track(model, opt, publish=False, sample_every=0) as tracker,
+    ):
+        losses = hk.train_steps(model, opt, 3, tracker, batch=batch)
+        snap = tracker.latest
+    assert losses == ref_losses
+    for a, b in zip(reference.parameters(), model.parameters(), strict=True):
+        assert torch.equal(a, b)
+    assert snap is not None
+    assert snap.memory[Component.OPTIMIZER_STATES.value] is None  # unmeasured, not 0
+    assert snap.memory[Component.GRADIENTS.value] is not None  # the rest still measured
+    assert snap.error is not None and "state walk exploded" in snap.error
+    assert sum("state walk exploded" in r.getMessage() for r in caplog.records) == 1  # logged once
+
+
+def test_tracked_training_is_bit_identical(hk: SimpleNamespace) -> None:
+    batch = _batch(hk)
+    a, b = _bert(hk), _bert(hk)
+    opt_a, opt_b = torch.optim.AdamW(a.parameters()), torch.optim.AdamW(b.parameters())
+    torch.manual_seed(123)  # dropout draws from the global generator
+    losses_a = hk.train_steps(a, opt_a, 3, batch=batch)
+    torch.manual_seed(123)
+    with anatomy.track(b, opt_b, sample_every=1, interval_s=0.01) as tracker:  # profiled every step
+        losses_b = hk.train_steps(b, opt_b, 3, tracker, batch=batch)
+    assert losses_a == losses_b
+    assert all(torch.equal(x, y) for x, y in zip(a.parameters(), b.parameters(), strict=True))
+
+
+def test_disabled_by_environment(
+    hk: SimpleNamespace, monkeypatch: pytest.MonkeyPatch, runtime_dir: Path
+) -> None:
+    batch = _batch(hk)
+    reference = _bert(hk)
+    ref_opt = torch.optim.AdamW(reference.parameters())
+    ref_losses = hk.train_steps(reference, ref_opt, 2, batch=batch)
+
+    monkeypatch.setenv("ANATOMY_TOP", "0")
+    model = _bert(hk)
+    opt = torch.optim.AdamW(model.parameters())
+    tracker = anatomy.track(model, opt)
+    assert isinstance(tracker, anatomy.Tracker) and not tracker.enabled
+    assert not model._forward_pre_hooks and not model._forward_hooks
+    losses = hk.train_steps(model, opt, 2, tracker, batch=batch)
+    tracker.begin_step()
+    tracker.end_step()
+    assert tracker.latest is None and not tracker.history
+    tracker.close()
+    assert losses == ref_losses
+    assert all(torch.equal(x, y) for x, y in zip(reference.parameters(), model.parameters(), strict=True))
+    assert not runtime_dir.exists() or not list(runtime_dir.iterdir())
+
+
+def test_publishes_to_a_reader(hk: SimpleNamespace, runtime_dir: Path) -> None:
+    model = _bert(hk)
+    opt = torch.optim.AdamW(model.parameters())
+    batch = _batch(hk)
+    tracker = anatomy.track(model, opt, interval_s=0.01, sample_every=0)
+    hk.train_steps(model, opt, 1, tracker, batch=batch)
+    path = tracker.socket_path
+    assert path is not None and path.parent == runtime_dir
+    assert protocol.discover(runtime_dir) == [path]
+    with protocol.Reader(path) as reader:
+        reader.wait()
+        assert reader.hello is not None and reader.hello.optimizer == "adamw"
+        assert reader.hello.optimizer_class == "AdamW"
+        assert reader.hello.model_class == "BertForSequenceClassification"
+        assert reader.hello.precision == "fp32" and reader.hello.device == "cpu"
+        assert reader.hello.parameter_count == sum(p.numel() for p in model.parameters())
+        hk.train_steps(model, opt, 3, tracker, batch=batch)
+        reader.wait()
+        import time
+
+        deadline = time.monotonic() + 5
+        while (reader.snapshot is None or reader.snapshot.step < 3) and time.monotonic() < deadline:
+            reader.poll()
+            time.sleep(0.02)
+        assert reader.snapshot is not None and reader.snapshot.step == 3
+    tracker.close()
+    assert not path.exists()
+
+
+def test_activations_recounted_when_the_input_shape_changes(hk: SimpleNamespace) -> None:
+    """Saved tensors are counted on the first steps, on a new input shape, and once per interval."""
+    model = _bert(hk)
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    small, large = _batch(hk, batch=2), _batch(hk, batch=6)
+    seen: list[int | None] = []
+    with anatomy.track(model, opt, publish=False, sample_every=0, interval_s=3600) as tracker:
+        for batch in (small, small, small, small, large, large):
+            hk.train_steps(model, opt, 1, tracker, batch=batch)
+            snap = tracker.latest
+            assert snap is not None
+            seen.append(snap.memory[Component.ACTIVATIONS.value])
+        counted = [tracker._last_rec.counting if tracker._last_rec else None]
+    a_small, a_large = seen[0], seen[4]
+    assert a_small and a_large and a_large > 2.5 * a_small  # 3x the batch
+    assert seen[:4] == [a_small] * 4  # step 3 not counted: the last count stands
+    assert seen[5] == a_large
+    assert counted == [False]  # the last step (same shape, same interval) did not pack anything

@@ -1,0 +1,132 @@
+"""Host snapshot and the psutil enrichment of GPU processes, against real local processes."""
+
+from __future__ import annotations
+
+import os
+import socket
+import time
+from collections.abc import Callable
+from typing import Any
+
+import psutil
+import pytest
+
+from tui.simnvml import Curve, Scenario, SimProcess
+from tui.sources.host import HostSource
+from tui.sources.machine import MachineSource
+from tui.sources.model import GpuProcess
+from tui.sources.nvml import NvmlSource
+from tui.sources.processes import ProcessEnricher
+
+GiB = 1 << 30
+
+
+def test_host_snapshot_matches_psutil() -> None:
+    source = HostSource()
+    first = source.snapshot()
+    assert first.cpu_percent is None  # no interval yet: N/A, not psutil's meaningless 0.0
+    assert first.hostname == socket.gethostname()
+    assert first.cpu_count == psutil.cpu_count()
+    vm = psutil.virtual_memory()
+    assert first.memory_total == vm.total
+    assert first.memory_used is not None and first.memory_available is not None
+    assert first.memory_used + first.memory_available == first.memory_total
+    assert abs(first.memory_available - vm.available) < 256 * (1 << 20)
+    assert first.swap_total == psutil.swap_memory().total
+    load = os.getloadavg()
+    assert first.load_avg is not None and all(
+        abs(a - b) < 2.0 for a, b in zip(first.load_avg, load, strict=True)
+    )
+    time.sleep(0.05)
+    second = source.snapshot()
+    assert second.cpu_percent is not None and 0.0 <= second.cpu_percent <= 100.0
+
+
+def test_enrichment_of_a_real_process(spawn: Callable[[str], Any]) -> None:
+    proc = spawn("python train.py [rank0]")
+    time.sleep(0.1)  # let exec happen
+    enricher = ProcessEnricher()
+    gpu = GpuProcess(gpu_index=0, pid=proc.pid, type="C", gpu_memory=GiB)
+    (first,) = enricher.enrich([gpu])
+    ps = psutil.Process(proc.pid)
+    assert first.alive
+    assert first.command == " ".join(ps.cmdline()) and first.command.startswith("python train.py [rank0]")
+    assert first.user == ps.username()
+    assert first.name == ps.name()
+    assert first.host_rss is not None and abs(first.host_rss - ps.memory_info().rss) < 4 << 20
+    assert first.running_time_s is not None
+    assert abs(first.running_time_s - (time.time() - ps.create_time())) < 1.0
+    assert first.cpu_percent is None  # first sample has no interval
+    assert (first.gpu_index, first.pid, first.type, first.gpu_memory) == (0, proc.pid, "C", GiB)
+    (second,) = enricher.enrich([gpu])
+    assert second.cpu_percent is not None and second.cpu_percent >= 0.0  # cached Process: has an interval
+
+
+def test_exited_pid_is_not_alive(exited_pid: int) -> None:
+    (p,) = ProcessEnricher().enrich([GpuProcess(gpu_index=3, pid=exited_pid, type="C", gpu_memory=5)])
+    assert p.alive is False
+    assert (p.name, p.user, p.command, p.cpu_percent, p.host_rss, p.running_time_s) == (None,) * 6
+    assert (p.gpu_index, p.pid, p.gpu_memory) == (3, exited_pid, 5)
+
+
+def test_process_exits_between_nvml_list_and_psutil_lookup(
+    sim: Any, clock: Any, spawn: Callable[[str], Any]
+) -> None:
+    alive, doomed = spawn("python serve.py"), spawn("python train.py --rank 1")
+    time.sleep(0.1)
+    scenario = Scenario.build(1, 0)
+    scenario.processes = [
+        SimProcess(pid=alive.pid, gpu_index=0, used_memory=Curve.constant(GiB)),
+        SimProcess(pid=doomed.pid, gpu_index=0, used_memory=Curve.constant(2 * GiB)),
+    ]
+    sim(scenario)
+    with NvmlSource(clock=clock) as source:
+        listed = source.query().processes  # NVML still lists both
+    assert {p.pid for p in listed} == {alive.pid, doomed.pid}
+    doomed.kill()
+    doomed.wait()
+    enriched = {p.pid: p for p in ProcessEnricher().enrich(listed)}
+    assert enriched[alive.pid].alive and enriched[alive.pid].command == "python serve.py 300"
+    gone = enriched[doomed.pid]
+    assert gone.alive is False and gone.command is None and gone.gpu_memory == 2 * GiB
+
+
+def test_access_denied_gives_what_is_readable(
+    monkeypatch: pytest.MonkeyPatch, spawn: Callable[[str], Any]
+) -> None:
+    proc = spawn("python other_users_job.py")
+    time.sleep(0.1)
+
+    def denied(self: psutil.Process, *args: Any, **kwargs: Any) -> Any:
+        raise psutil.AccessDenied(self.pid)
+
+    monkeypatch.setattr(psutil.Process, "cmdline", denied)
+    monkeypatch.setattr(psutil.Process, "username", denied)
+    (p,) = ProcessEnricher().enrich([GpuProcess(gpu_index=0, pid=proc.pid, type="C")])
+    assert p.alive and p.command is None and p.user is None
+    assert p.name == "sleep" and p.host_rss is not None and p.host_rss > 0 and p.running_time_s is not None
+
+
+def test_pid_on_several_gpus_and_cache_pruning(spawn: Callable[[str], Any]) -> None:
+    proc = spawn("torchrun worker")
+    time.sleep(0.1)
+    enricher = ProcessEnricher()
+    rows = enricher.enrich([GpuProcess(gpu_index=i, pid=proc.pid, type="C") for i in range(3)])
+    assert [r.gpu_index for r in rows] == [0, 1, 2] and len({r.command for r in rows}) == 1
+    assert proc.pid in enricher._cache
+    enricher.enrich([])
+    assert enricher._cache == {}  # processes gone from NVML's list are forgotten
+
+
+def test_machine_snapshot_enriches_simulated_processes(
+    sim: Any, clock: Any, spawn: Callable[[str], Any]
+) -> None:
+    procs = [spawn(f"python train.py --rank {k} [/]") for k in range(3)]
+    time.sleep(0.1)
+    sim(Scenario.build(2, 3, pids=[p.pid for p in procs]))
+    with MachineSource(nvml=NvmlSource(clock=clock)) as machine:
+        snap = machine.snapshot()
+    got = {p.pid: p for p in snap.processes}
+    for k, proc in enumerate(procs):
+        assert got[proc.pid].command == f"python train.py --rank {k} [/] 300"
+        assert got[proc.pid].gpu_index == k % 2

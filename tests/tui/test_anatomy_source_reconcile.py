@@ -1,0 +1,175 @@
+"""reconcile(): rows in Component order that add up to NVML's per-process figure (CUDA) or the peak (CPU)."""
+
+from __future__ import annotations
+
+from anatomy.protocol import CudaMemory, Hello, Snapshot
+from anatomy.vocabulary import MODEL_COMPONENTS, Component
+from tui.sources.reconcile import TOTAL_NVML, TOTAL_PEAK, TOTAL_RESERVED, reconcile
+
+MIB = 1 << 20
+PARAMS = 110_000_000
+
+
+def hello(device: str) -> Hello:
+    return Hello(
+        pid=42,
+        host="h",
+        device=device,
+        precision="fp16_mixed",
+        optimizer="adamw",
+        model_class="BertForMaskedLM",
+        parameter_count=PARAMS,
+        torch_version="2.13",
+        started_at=0.0,
+    )
+
+
+def model_memory(unattributed: int | None = 3 * MIB) -> dict[str, int | None]:
+    return {
+        "weights": 6 * PARAMS,
+        "optimizer_states": 8 * PARAMS,
+        "gradients": 4 * PARAMS,
+        "activations": 2_000 * MIB,
+        "temporaries": 300 * MIB,
+        "unattributed": unattributed,
+    }
+
+
+EXPECTED = {"weights": 6.0, "optimizer_states": 8.0, "gradients": 4.0, "activations": None}
+
+
+def cuda_snapshot(memory: dict[str, int | None], reserved: int, allocated: int) -> Snapshot:
+    return Snapshot(
+        pid=42,
+        seq=1,
+        time=0.0,
+        step=1,
+        memory=memory,
+        expected_bytes_per_param=dict(EXPECTED),
+        parameter_count=PARAMS,
+        peak_bytes=sum(v or 0 for v in memory.values()),
+        cuda=CudaMemory(
+            allocated=allocated, reserved=reserved, peak_allocated=allocated, alloc_retries=0, ooms=0
+        ),
+    )
+
+
+def test_cuda_rows_sum_to_nvml() -> None:
+    memory = model_memory()
+    allocated = sum(v or 0 for v in memory.values())
+    reserved = allocated + 512 * MIB
+    nvml = reserved + 1300 * MIB
+    memory["allocator_cache"] = reserved - allocated  # the hook's own measurement
+    memory["cuda_context"] = None  # the hook cannot know it
+    rec = reconcile(hello("cuda:0"), cuda_snapshot(memory, reserved, allocated), nvml)
+    assert [r.component for r in rec.rows] == list(Component)
+    assert rec.total == nvml and rec.total_source == TOTAL_NVML and rec.on_cuda
+    assert rec.row(Component.CUDA_CONTEXT).bytes == 1300 * MIB
+    assert rec.row(Component.ALLOCATOR_CACHE).bytes == 512 * MIB
+    assert sum(r.bytes for r in rec.rows) == nvml
+    assert rec.reconciles and rec.unexplained == 0 and rec.note is None
+    assert abs(sum(r.share for r in rec.rows) - 1.0) < 1e-12
+    weights = rec.row(Component.WEIGHTS)
+    assert weights.bytes_per_param == 6.0 and weights.expected_bytes_per_param == 6.0
+    assert weights.share == 6 * PARAMS / nvml
+    assert rec.row(Component.ACTIVATIONS).expected_bytes_per_param is None
+    assert rec.row(Component.TEMPORARIES).expected_bytes_per_param is None
+
+
+def test_cuda_cache_from_allocator_when_hook_omits_it_and_gap_is_reported() -> None:
+    memory = model_memory()
+    model_sum = sum(v or 0 for v in memory.values())
+    allocated = model_sum + 100 * MIB  # 100 MiB the hook does not attribute
+    reserved = allocated + 256 * MIB
+    nvml = reserved + 700 * MIB
+    rec = reconcile(hello("cuda:0"), cuda_snapshot(memory, reserved, allocated), nvml)
+    assert rec.row(Component.ALLOCATOR_CACHE).bytes == 256 * MIB  # reserved - allocated, not a plug
+    assert rec.row(Component.CUDA_CONTEXT).bytes == 700 * MIB
+    assert not rec.reconciles and rec.unexplained == 100 * MIB
+    assert rec.note == "100.0 MiB of the total is not accounted for by any component"
+    assert all(r.share <= 1 for r in rec.rows)
+
+
+def test_cuda_without_nvml_figure_does_not_claim_to_reconcile() -> None:
+    memory = model_memory()
+    peak = sum(v or 0 for v in memory.values())
+    rec = reconcile(hello("cuda:0"), cuda_snapshot(memory, peak + MIB, peak), None)
+    assert rec.row(Component.CUDA_CONTEXT).bytes is None
+    assert rec.row(Component.ALLOCATOR_CACHE).bytes == MIB
+    assert rec.total == peak + MIB and rec.total_source == TOTAL_RESERVED
+    assert not rec.reconciles and "NVML" in (rec.note or "")
+
+
+def test_nvml_below_reserved_is_explained() -> None:
+    memory = model_memory()
+    peak = sum(v or 0 for v in memory.values())
+    rec = reconcile(hello("cuda:0"), cuda_snapshot(memory, peak + MIB, peak), peak)
+    assert rec.row(Component.CUDA_CONTEXT).bytes is None and not rec.reconciles
+    assert "less" in (rec.note or "")
+
+
+def test_cuda_with_unmeasured_component() -> None:
+    memory = model_memory(unattributed=None)
+    rec = reconcile(hello("cuda:0"), cuda_snapshot(memory, 9000 * MIB, 8000 * MIB), 10_000 * MIB)
+    assert rec.row(Component.ALLOCATOR_CACHE).bytes == 1000 * MIB
+    assert rec.row(Component.UNATTRIBUTED).bytes is None
+    assert rec.row(Component.UNATTRIBUTED).share is None
+    assert not rec.reconciles and rec.note == "unmeasured: Unattributed"
+
+
+def test_cpu_rows_sum_to_peak_without_cuda_rows() -> None:
+    memory = model_memory()
+    peak = sum(v or 0 for v in memory.values())
+    snap = Snapshot(
+        pid=42,
+        seq=1,
+        time=0.0,
+        step=1,
+        memory=memory,
+        expected_bytes_per_param=dict(EXPECTED),
+        parameter_count=PARAMS,
+        peak_bytes=peak,
+    )
+    rec = reconcile(hello("cpu"), snap, None)
+    assert [r.component for r in rec.rows] == list(MODEL_COMPONENTS)
+    assert rec.total == peak and rec.total_source == TOTAL_PEAK and not rec.on_cuda
+    assert rec.reconciles
+    for row in rec.rows:
+        assert row.bytes == memory[row.component.value]
+        assert row.bytes_per_param == memory[row.component.value] / PARAMS
+        assert row.share == memory[row.component.value] / peak
+    # a peak that the rows do not reach is reported, not hidden
+    rec2 = reconcile(hello("cpu"), Snapshot(**{**snap.__dict__, "peak_bytes": peak + 10}), None)
+    assert not rec2.reconciles and rec2.unexplained == 10
+    assert rec2.note == "10 B of the total is not accounted for by any component"
+
+
+def test_components_that_do_not_coexist_keep_shares_below_one() -> None:
+    memory = model_memory()
+    rows_sum = sum(v or 0 for v in memory.values())
+    peak = rows_sum - memory["activations"]  # e.g. a peak in the optimizer step, activations freed
+    snap = Snapshot(
+        pid=42,
+        seq=1,
+        time=0.0,
+        step=1,
+        memory=memory,
+        expected_bytes_per_param={},
+        parameter_count=PARAMS,
+        peak_bytes=peak,
+    )
+    rec = reconcile(hello("cpu"), snap, None)
+    assert not rec.reconciles and rec.total == peak and rec.unexplained == -memory["activations"]
+    assert "more than the total" in (rec.note or "")
+    assert max(r.share for r in rec.rows) < 1
+    assert abs(sum(r.share for r in rec.rows) - 1.0) < 1e-12
+    assert rec.row(Component.ACTIVATIONS).share == memory["activations"] / rows_sum
+
+
+def test_zero_parameters_gives_no_bytes_per_param() -> None:
+    snap = Snapshot(
+        pid=1, seq=1, time=0.0, step=0, memory={"weights": 0}, expected_bytes_per_param={}, parameter_count=0
+    )
+    rec = reconcile(None, snap, None)
+    assert all(r.bytes_per_param is None for r in rec.rows)
+    assert rec.total == 0 and not rec.reconciles and rec.unexplained is None

@@ -1,0 +1,525 @@
+"""Headless Pilot tests of the monitor: navigation, selection, sorting, filtering, the anatomy pane, OOM,
+no GPU, a large box, untrusted text, errors. Expected values come from the frozen data and tui.format,
+never from the app's own output."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+from collections.abc import Callable
+
+import frozen
+from rich.text import Text
+from textual.widgets import Input, Sparkline, Static
+
+from anatomy.vocabulary import Component
+from tui import format as fmt
+from tui.app import AnatomyTopApp
+from tui.widgets.anatomy_pane import AnatomyPane
+from tui.widgets.gpu_table import GpuTable
+from tui.widgets.header import NvmlBanner
+from tui.widgets.line_table import LineTable
+from tui.widgets.process_table import ProcessTable
+
+MakeApp = Callable[..., AnatomyTopApp]
+ReadScreen = Callable[[AnatomyTopApp], str]
+
+
+def _plain(cell: object) -> str:
+    return cell.plain if isinstance(cell, Text) else str(cell)
+
+
+def _static_text(widget: Static) -> str:
+    return _plain(widget.render())
+
+
+async def _select_pid(app: AnatomyTopApp, pilot: object, pid: int) -> None:
+    table = app.query_one(ProcessTable)
+    key = next(k for k, row in table.rows_by_key.items() if row.pid == pid)
+    table.move_cursor(row=table.get_row_index(key))
+    await pilot.pause()  # type: ignore[attr-defined]
+
+
+def _component_bytes(app: AnatomyTopApp) -> dict[str, str]:
+    table = app.query_one("#anatomy-components", LineTable)
+    return {key: _plain(table.get_cell(key, "bytes")) for key in table.row_keys}
+
+
+async def test_first_poll_fills_gpu_and_process_tables(make_app: MakeApp) -> None:
+    app = make_app()
+    async with app.run_test(size=(160, 50)) as pilot:
+        await app.wait_for_poll()
+        await pilot.pause()
+        machine = frozen.machine()
+        assert app.query_one(GpuTable).row_count == len(machine.gpus)
+        # every NVML process plus the OOM process NVML no longer lists
+        assert app.query_one(ProcessTable).row_count == len(machine.processes) + 1
+        gpu0 = app.query_one(GpuTable).get_row("gpu0")
+        assert _plain(gpu0[1]) == machine.gpus[0].name
+        expected_mem = fmt.fmt_bytes_pair(machine.gpus[0].memory_used, machine.gpus[0].memory_total)
+        assert _plain(gpu0[2]).endswith(expected_mem)
+        assert app.errors == []
+
+
+async def test_selection_changes_the_anatomy_pane(make_app: MakeApp, read_screen: ReadScreen) -> None:
+    app = make_app()
+    async with app.run_test(size=(160, 50)) as pilot:
+        await app.wait_for_poll()
+        await _select_pid(app, pilot, frozen.TRAIN_PID)
+        pane = app.query_one(AnatomyPane)
+        assert pane.process is not None and pane.process.pid == frozen.TRAIN_PID
+        shown = _component_bytes(app)
+        for component, value in frozen.MODEL_BYTES.items():
+            assert shown[component.value] == fmt.fmt_bytes(value)
+        # CUDA rows reconcile against NVML: context = NVML - reserved, cache = reserved - model sum
+        assert shown[Component.CUDA_CONTEXT.value] == fmt.fmt_bytes(frozen.NVML_TRAIN_BYTES - frozen.RESERVED)
+        assert shown[Component.ALLOCATOR_CACHE.value] == fmt.fmt_bytes(frozen.RESERVED - frozen.MODEL_SUM)
+        assert "✓" in _static_text(app.query_one("#anatomy-reconcile", Static))
+        # bytes/param next to the guide's figure
+        table = app.query_one("#anatomy-components", LineTable)
+        weights_bpp = _plain(table.get_cell(Component.WEIGHTS.value, "bpp"))
+        assert weights_bpp == f"{frozen.MODEL_BYTES[Component.WEIGHTS] / frozen.PARAMS:.2f}"
+        assert _plain(table.get_cell(Component.WEIGHTS.value, "expected")) == "6.00"
+        assert "GPT2LMHeadModel" in read_screen(app)
+
+        await _select_pid(app, pilot, frozen.DDP_PIDS[2])
+        assert pane.process is not None and pane.process.pid == frozen.DDP_PIDS[2]
+        assert "LlamaForCausalLM" in _static_text(app.query_one("#anatomy-title", Static))
+
+
+async def test_j_k_and_arrows_move_the_selection(make_app: MakeApp) -> None:
+    app = make_app()
+    async with app.run_test(size=(160, 50)) as pilot:
+        await app.wait_for_poll()
+        table = app.query_one(ProcessTable)
+        assert table.cursor_row == 0
+        await pilot.press("j", "j", "down")
+        assert table.cursor_row == 3
+        await pilot.press("k", "up")
+        assert table.cursor_row == 1
+
+
+async def test_sort_cycles_columns_and_reverses(make_app: MakeApp) -> None:
+    app = make_app()
+    async with app.run_test(size=(160, 50)) as pilot:
+        await app.wait_for_poll()
+        table = app.query_one(ProcessTable)
+        procs = frozen.machine().processes
+        by_gpu_mem = sorted(procs, key=lambda p: -(p.gpu_memory or 0))
+        assert [table.rows_by_key[k].pid for k in table.visible_keys][: len(procs)] == [
+            p.pid for p in by_gpu_mem
+        ]
+        await pilot.press("s")  # next column: CPU %
+        assert table.sort_column == "cpu_percent"
+        cpu = {p.pid: p.cpu_percent for p in procs}
+        cpu.update({p: 99.0 for p in frozen.frozen_host_lookup([frozen.OOM_PID])})
+        shown = [table.rows_by_key[k].pid for k in table.visible_keys]
+        assert [cpu[p] for p in shown] == sorted(cpu.values(), reverse=True)
+        await pilot.press("S")
+        shown_rev = [table.rows_by_key[k].pid for k in table.visible_keys]
+        assert [cpu[p] for p in shown_rev] == sorted(cpu.values())
+        assert "CPU% ▲" in _static_text(app.query_one("#proc-bar", Static))
+        for _ in range(7):  # a full cycle comes back to the first column
+            await pilot.press("s")
+        assert table.sort_column == "gpu_memory"
+
+
+async def test_sort_keeps_the_cursor_on_the_selected_process(make_app: MakeApp) -> None:
+    app = make_app()
+    async with app.run_test(size=(160, 50)) as pilot:
+        await app.wait_for_poll()
+        await _select_pid(app, pilot, 3003)
+        await pilot.press("s", "S", "s")
+        table = app.query_one(ProcessTable)
+        assert table.selected_row is not None and table.selected_row.pid == 3003
+
+
+async def test_filter_matches_command_user_and_pid(make_app: MakeApp) -> None:
+    app = make_app()
+    async with app.run_test(size=(160, 50)) as pilot:
+        await app.wait_for_poll()
+        table = app.query_one(ProcessTable)
+        await pilot.press("slash")
+        assert isinstance(app.focused, Input)
+        await pilot.press(*"bob")
+        assert [r.pid for r in table.rows_by_key.values()] == [3001]
+        await pilot.press("enter")
+        assert app.focused is table
+        assert "'bob'" in _static_text(app.query_one("#proc-bar", Static))
+        await pilot.press("slash", "backspace", "backspace", "backspace", *"510")
+        assert sorted(r.pid for r in table.rows_by_key.values()) == list(frozen.DDP_PIDS)
+        await pilot.press("backspace", "backspace", "backspace", *"serve.py")
+        assert [r.pid for r in table.rows_by_key.values()] == [3001]
+        await pilot.press("escape")
+        assert table.filter_text == ""
+        assert table.row_count == len(frozen.machine().processes) + 1
+        assert not app.query_one("#filter", Input).display
+
+
+async def test_pause_stops_polling_and_resume_polls_again(make_app: MakeApp) -> None:
+    app = make_app(interval=0.5)
+    async with app.run_test(size=(120, 40)) as pilot:
+        await app.wait_for_poll()
+        await pilot.press("p")
+        assert app.paused
+        source = app.machine_source
+        calls = source.calls  # type: ignore[attr-defined]
+        await asyncio.sleep(1.3)
+        assert source.calls <= calls + 1  # type: ignore[attr-defined]  # at most the one in flight
+        assert "PAUSED" in _static_text(app.query_one("#header", Static))
+        polls = app.polls
+        await pilot.press("p")
+        await app.wait_for_poll(polls + 1)
+        assert not app.paused
+
+
+async def test_plus_minus_change_the_interval_within_bounds(make_app: MakeApp) -> None:
+    app = make_app(interval=1.0)
+    async with app.run_test(size=(120, 40)) as pilot:
+        await app.wait_for_poll()
+        await pilot.press("plus")
+        assert app.interval == 2.0
+        await pilot.press("minus", "minus", "minus", "minus")
+        assert app.interval == 0.5  # never faster than 2 Hz
+        assert "every 0.5 s" in _static_text(app.query_one("#header", Static))
+
+
+async def test_tab_switches_panes_wide_and_narrow(make_app: MakeApp) -> None:
+    app = make_app()
+    async with app.run_test(size=(160, 50)) as pilot:
+        await app.wait_for_poll()
+        assert app.screen.has_class("-wide")
+        await pilot.press("tab")
+        assert isinstance(app.focused, AnatomyPane)
+        await pilot.press("tab")
+        assert isinstance(app.focused, ProcessTable)
+        await pilot.resize_terminal(80, 24)
+        await pilot.pause()
+        assert app.screen.has_class("-narrow")
+        assert app.query_one(ProcessTable).region.height > 0
+        assert app.query_one(AnatomyPane).region.height == 0
+        await pilot.press("tab")
+        await pilot.pause()
+        assert app.query_one(AnatomyPane).region.height > 0
+        assert app.query_one(ProcessTable).region.height == 0
+
+
+async def test_help_lists_every_key_and_closes(make_app: MakeApp, read_screen: ReadScreen) -> None:
+    from tui.widgets.help_screen import KEYS, HelpScreen
+
+    app = make_app()
+    async with app.run_test(size=(120, 40)) as pilot:
+        await app.wait_for_poll()
+        await pilot.press("question_mark")
+        assert isinstance(app.screen, HelpScreen)
+        await pilot.pause()
+        text = read_screen(app)
+        for keys, what in KEYS:
+            assert keys in text and what in text
+        await pilot.press("escape")
+        assert not isinstance(app.screen, HelpScreen)
+        await pilot.press("question_mark", "question_mark")
+        assert not isinstance(app.screen, HelpScreen)
+
+
+async def test_every_key_in_the_help_screen_works(make_app: MakeApp) -> None:
+    """Walks KEYS (what the help screen lists) and checks each key's effect; a key added to the help
+    without a check here fails the test."""
+    from tui.widgets.help_screen import KEYS, HelpScreen
+
+    app = make_app(interval=1.0)
+    async with app.run_test(size=(160, 50)) as pilot:
+        await app.wait_for_poll()
+        table = app.query_one(ProcessTable)
+
+        async def arrows() -> None:
+            await pilot.press("down", "down", "j")
+            assert table.cursor_row == 3
+            await pilot.press("up", "k")
+            assert table.cursor_row == 1
+
+        async def tab() -> None:
+            await pilot.press("tab")
+            assert isinstance(app.focused, AnatomyPane)
+            await pilot.press("tab")
+            assert app.focused is table
+
+        async def sort() -> None:
+            before = table.sort_column
+            await pilot.press("s")
+            assert table.sort_column != before
+
+        async def reverse() -> None:
+            before = table.sort_reverse
+            await pilot.press("S")
+            assert table.sort_reverse is not before
+
+        async def slash() -> None:
+            await pilot.press("slash", *"carol")
+            assert [r.user for r in table.rows_by_key.values()] == ["carol"]
+
+        async def enter() -> None:
+            await pilot.press("enter")
+            assert app.focused is table and table.filter_text == "carol"
+
+        async def escape() -> None:
+            await pilot.press("escape")
+            assert table.filter_text == "" and table.row_count > 1
+            await pilot.press("question_mark", "escape")
+            assert not isinstance(app.screen, HelpScreen)
+
+        async def pause() -> None:
+            await pilot.press("p")
+            assert app.paused
+            await pilot.press("p")
+            assert not app.paused
+
+        async def plus() -> None:
+            before = app.interval
+            await pilot.press("plus")
+            assert app.interval > before
+
+        async def minus() -> None:
+            before = app.interval
+            await pilot.press("minus")
+            assert app.interval < before
+
+        async def dismiss() -> None:
+            await _select_pid(app, pilot, frozen.OOM_PID)
+            await pilot.press("x")
+            assert frozen.OOM_PID in app.anatomy_source.dismissed  # type: ignore[attr-defined]
+
+        async def help_() -> None:
+            await pilot.press("question_mark")
+            assert isinstance(app.screen, HelpScreen)
+            await pilot.press("escape")
+
+        async def quit_() -> None:
+            await pilot.press("q")
+            await pilot.pause()
+            assert not app.is_running
+
+        checks = {
+            "↑ ↓  j k": arrows,
+            "tab": tab,
+            "s": sort,
+            "S": reverse,
+            "/": slash,
+            "enter": enter,
+            "escape": escape,
+            "p": pause,
+            "+": plus,
+            "-": minus,
+            "x": dismiss,
+            "?": help_,
+            "q": quit_,
+        }
+        assert [k for k, _ in KEYS] == list(checks)
+        for keys, _ in KEYS:
+            await checks[keys]()
+
+
+async def test_quit_key_exits(make_app: MakeApp) -> None:
+    app = make_app()
+    async with app.run_test(size=(120, 40)) as pilot:
+        await app.wait_for_poll()
+        await pilot.press("q")
+        await pilot.pause()
+        assert not app.is_running
+    assert app.machine_source.closed  # type: ignore[attr-defined]
+    assert app.anatomy_source.closed  # type: ignore[attr-defined]
+
+
+async def test_sighup_exits_cleanly(make_app: MakeApp) -> None:
+    app = make_app(handle_signals=True)
+    async with app.run_test(size=(120, 40)):
+        await app.wait_for_poll()
+        os.kill(os.getpid(), signal.SIGHUP)
+        for _ in range(100):
+            await asyncio.sleep(0.01)
+            if not app.is_running:
+                break
+        assert not app.is_running
+    assert app.return_code in (None, 0)
+
+
+async def test_no_gpu_shows_banner_and_publishers_with_host_figures(
+    make_app: MakeApp, read_screen: ReadScreen
+) -> None:
+    cpu_job = frozen.cpu_training()
+    app = make_app(machine=frozen.no_gpu_machine(), training=[cpu_job])
+    async with app.run_test(size=(160, 50)) as pilot:
+        await app.wait_for_poll()
+        await pilot.pause()
+        banner = app.query_one(NvmlBanner)
+        assert banner.display and banner.region.height == 1
+        assert frozen.NVML_MISSING.reason in _static_text(banner)
+        assert app.query_one(GpuTable).row_count == 0
+        table = app.query_one(ProcessTable)
+        rows = list(table.rows_by_key.values())
+        assert [r.pid for r in rows] == [frozen.CPU_TRAIN_PID]
+        figures = frozen.frozen_host_lookup([frozen.CPU_TRAIN_PID])[frozen.CPU_TRAIN_PID]
+        assert rows[0].host_rss == figures.host_rss and rows[0].command == figures.command
+        screen = read_screen(app)
+        assert fmt.fmt_bytes(figures.host_rss) in screen
+        # CPU training: no CUDA rows; the model components sum to the measured peak
+        shown = _component_bytes(app)
+        assert Component.CUDA_CONTEXT.value not in shown
+        assert shown[Component.ACTIVATIONS.value] == fmt.fmt_bytes(frozen.MODEL_BYTES[Component.ACTIVATIONS])
+        assert "BertForMaskedLM [tiny]" in screen  # a markup-like model class shown verbatim
+
+
+async def test_big_box_renders_and_diffs_without_losing_the_cursor(make_app: MakeApp) -> None:
+    first = frozen.big_machine(16, 300)
+    # second sample: 20 processes gone, 15 new ones, every GPU memory figure changed
+    kept = [p for p in first.processes if p.pid % 15 != 0]
+    new = [frozen.gpu_process(p % 16, 20_000 + p, 3 * frozen.GiB, f"late-{p}") for p in range(15)]
+    from dataclasses import replace
+
+    changed = [replace(p, gpu_memory=(p.gpu_memory or 0) + frozen.MiB) for p in kept] + new
+    second = replace(first, processes=tuple(changed))
+    source = frozen.FakeMachineSource(first, second)
+    app = make_app(machine=source, training=[])
+    async with app.run_test(size=(160, 50)) as pilot:
+        await app.wait_for_poll()
+        table = app.query_one(ProcessTable)
+        assert app.query_one(GpuTable).row_count == 16
+        assert table.row_count == 300
+        await pilot.press("s", "s", "s", "s")  # sort by PID: a stable order to point at
+        assert table.sort_column == "pid"
+        table.move_cursor(row=100)
+        await pilot.pause()
+        selected = table.selected_row
+        assert selected is not None and selected.pid % 15 != 0
+        app.refresh_now()
+        await app.wait_for_poll(2)
+        await pilot.pause()
+        assert table.row_count == len(changed)
+        assert table.selected_row is not None and table.selected_row.pid == selected.pid
+        want = next(p for p in changed if p.pid == selected.pid).gpu_memory
+        assert _plain(table.get_cell(selected.key, "gpu_memory")) == fmt.fmt_bytes(want)
+
+
+async def test_markup_like_names_are_shown_verbatim(make_app: MakeApp, read_screen: ReadScreen) -> None:
+    app = make_app()
+    async with app.run_test(size=(200, 50)) as pilot:
+        await app.wait_for_poll()
+        await pilot.pause()
+        table = app.query_one(ProcessTable)
+        commands = {_plain(table.get_cell(key, "command")) for key in table.rows_by_key}
+        for command in frozen.MARKUP_COMMANDS:
+            assert command in commands
+        screen = read_screen(app)
+        for command in frozen.MARKUP_COMMANDS:
+            assert command in screen
+
+
+async def test_oom_process_keeps_its_anatomy_marked_with_the_exception(
+    make_app: MakeApp, read_screen: ReadScreen
+) -> None:
+    app = make_app()
+    async with app.run_test(size=(160, 50)) as pilot:
+        await app.wait_for_poll()
+        table = app.query_one(ProcessTable)
+        oom_key = next(k for k, r in table.rows_by_key.items() if r.pid == frozen.OOM_PID)
+        assert _plain(table.get_cell(oom_key, "glyph")) == "OOM"
+        await _select_pid(app, pilot, frozen.OOM_PID)
+        alert = app.query_one("#anatomy-alert", Static)
+        assert alert.display
+        assert frozen.OOM_TEXT in _static_text(alert)  # markup-like text survives verbatim
+        assert _component_bytes(app)[Component.WEIGHTS.value] == fmt.fmt_bytes(
+            frozen.MODEL_BYTES[Component.WEIGHTS]
+        )
+        assert "OOM" in _static_text(app.query_one("#anatomy-title", Static))
+        await pilot.press("x")  # dismiss the OOM record
+        await app.wait_for_poll(2)
+        assert frozen.OOM_PID in app.anatomy_source.dismissed  # type: ignore[attr-defined]
+        assert all(r.pid != frozen.OOM_PID for r in table.rows_by_key.values())
+
+
+async def test_ranks_of_a_multi_rank_job_are_grouped(make_app: MakeApp) -> None:
+    app = make_app()
+    async with app.run_test(size=(160, 50)) as pilot:
+        await app.wait_for_poll()
+        await _select_pid(app, pilot, frozen.DDP_PIDS[1])
+        ranks = app.query_one("#anatomy-ranks", LineTable)
+        pane = app.query_one(AnatomyPane)
+        assert pane.has_class("-ranks") and ranks.display
+        assert ranks.row_keys == [str(p) for p in frozen.DDP_PIDS]
+        assert _plain(ranks.get_cell(str(frozen.DDP_PIDS[1]), "mark")) == "▶"
+        await _select_pid(app, pilot, frozen.TRAIN_PID)
+        assert not pane.has_class("-ranks")
+
+
+async def test_history_sparklines_and_suggestions(make_app: MakeApp) -> None:
+    app = make_app()
+    async with app.run_test(size=(160, 50)) as pilot:
+        await app.wait_for_poll()
+        await _select_pid(app, pilot, frozen.TRAIN_PID)
+        process = next(t for t in frozen.training() if t.pid == frozen.TRAIN_PID)
+        assert list(app.query_one("#spark-memory", Sparkline).data or []) == [
+            float(v) for v in process.memory_history
+        ]
+        assert list(app.query_one("#spark-step", Sparkline).data or []) == list(process.step_time_history)
+        text = _static_text(app.query_one("#anatomy-suggestions", Static))
+        for i, s in enumerate(frozen.SUGGESTIONS, start=1):
+            assert f"{i}. {s.title}" in text
+            assert fmt.fmt_bytes(s.saving_bytes) in text
+            assert s.source in text
+        timing = _static_text(app.query_one("#anatomy-timing", Static))
+        assert fmt.fmt_seconds(0.412) in timing and fmt.fmt_rate(39_740.0, "tokens") in timing
+        assert fmt.fmt_share(0.4168) in timing  # MFU
+
+
+async def test_op_groups_show_shares_of_flops_and_time(make_app: MakeApp) -> None:
+    app = make_app()
+    async with app.run_test(size=(160, 50)) as pilot:
+        await app.wait_for_poll()
+        await _select_pid(app, pilot, frozen.TRAIN_PID)
+        groups = frozen.snapshot(frozen.TRAIN_PID).op_groups
+        assert groups is not None
+        total_flops = sum(g.flops for g in groups.values() if g.flops is not None)
+        total_time = sum(g.time_s for g in groups.values() if g.time_s is not None)
+        table = app.query_one("#anatomy-opgroups", LineTable)
+        for name, stat in groups.items():
+            flops_cell = _plain(table.get_cell(name, "flops"))
+            time_cell = _plain(table.get_cell(name, "time"))
+            want_f = fmt.fmt_share(stat.flops / total_flops) if stat.flops is not None else fmt.NA
+            assert flops_cell.endswith(want_f)
+            assert time_cell.endswith(fmt.fmt_share((stat.time_s or 0) / total_time))
+
+
+async def test_source_failures_become_an_error_line(make_app: MakeApp, read_screen: ReadScreen) -> None:
+    failing = frozen.FakeMachineSource(fail=RuntimeError("NVML exploded [bold]x[/]"))
+    app = make_app(machine=failing)
+    async with app.run_test(size=(160, 50)) as pilot:
+        await app.wait_for_poll()
+        await pilot.pause()
+        assert app.is_running
+        status = app.query_one("#status", Static)
+        assert status.display
+        assert "NVML exploded [bold]x[/]" in _static_text(status)
+        # the training side still shows
+        assert app.query_one(AnatomyPane).process is not None
+        assert "Traceback" not in read_screen(app)
+
+
+async def test_resize_from_wide_to_60x20_keeps_key_widgets(make_app: MakeApp) -> None:
+    app = make_app()
+    async with app.run_test(size=(160, 50)) as pilot:
+        await app.wait_for_poll()
+        for width, height in ((160, 50), (130, 40), (119, 35), (100, 30), (80, 24), (60, 20)):
+            await pilot.resize_terminal(width, height)
+            await pilot.pause()
+            assert app.errors == []
+            assert app.screen.has_class("-wide" if width >= 120 else "-narrow")
+            assert app.query_one("#header").region.height >= 2
+            assert app.query_one(ProcessTable).region.height >= 3
+            assert app.query_one(GpuTable).region.height >= 2
+        await pilot.press("tab")
+        await pilot.pause()
+        assert app.query_one("#anatomy-components", LineTable).region.height >= 3
+        await pilot.resize_terminal(160, 50)
+        await pilot.pause()
+        assert app.query_one(ProcessTable).region.height > 0 and app.query_one(AnatomyPane).region.width > 0

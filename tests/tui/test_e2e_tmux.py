@@ -1,0 +1,167 @@
+"""End to end in a real terminal: a real CPU training process publishes through the hook, anatomy-top runs
+in tmux against simulated GPUs with that PID on GPU 0, and the screen shows exactly the bytes the hook
+measured. Then `?` opens the help, and `q` quits with exit code 0."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pytest
+
+from anatomy import protocol
+from anatomy.protocol import Hello, Snapshot
+from tui import format as fmt
+from tui.sources.reconcile import reconcile
+
+pytestmark = [
+    pytest.mark.slow,
+    pytest.mark.skipif(shutil.which("tmux") is None, reason="the tmux binary is not installed"),
+]
+
+REPO = Path(__file__).resolve().parents[2]
+WIDTH, HEIGHT = 160, 50
+# Frozen figures: a few steps, then the job keeps publishing its last snapshot (--linger).
+TRAIN_ARGS = ["--steps", "3", "--linger", "--sample-every", "2", "--batch", "4", "--seq", "32"]
+
+
+class Tmux:
+    """One private tmux server (its own socket) holding one session."""
+
+    def __init__(self, name: str) -> None:
+        self.socket = f"anatomy-e2e-{os.getpid()}-{name}"
+        self.session = name
+
+    def _run(self, *args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            ["tmux", "-L", self.socket, "-f", "/dev/null", *args],
+            capture_output=True,
+            text=True,
+            check=check,
+            timeout=10,
+        )
+
+    def start(self, command: str) -> None:
+        self._run("new-session", "-d", "-s", self.session, "-x", str(WIDTH), "-y", str(HEIGHT), command)
+
+    def capture(self) -> str:
+        done = self._run("capture-pane", "-p", "-t", self.session, check=False)
+        return done.stdout if done.returncode == 0 else ""
+
+    def alive(self) -> bool:
+        return self._run("has-session", "-t", self.session, check=False).returncode == 0
+
+    def keys(self, *keys: str) -> None:
+        self._run("send-keys", "-t", self.session, *keys)
+
+    def kill(self) -> None:
+        self._run("kill-server", check=False)
+
+
+def wait_for(predicate: Callable[[], bool], timeout: float, step: float = 0.1) -> bool:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if predicate():
+            return True
+        time.sleep(step)
+    return predicate()
+
+
+@pytest.fixture
+def training(tmp_path: Path) -> Iterator[tuple[subprocess.Popen[bytes], Path, Path]]:
+    pytest.importorskip("torch")
+    runtime = tmp_path / "run"
+    runtime.mkdir(mode=0o700)
+    log = tmp_path / "train.log"
+    env = dict(os.environ, ANATOMY_TOP_DIR=str(runtime))
+    env.pop("ANATOMY_TOP", None)
+    with open(log, "wb") as out:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "tui.demo_train", *TRAIN_ARGS],
+            cwd=REPO,
+            env=env,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+    try:
+        yield proc, runtime, log
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+
+
+def hook_snapshot(runtime: Path, pid: int, log: Path) -> tuple[Hello, Snapshot]:
+    """The hook's own figures, read through the protocol once the job has done its last step."""
+    done = wait_for(lambda: "lingering" in log.read_text(errors="replace"), 120, step=0.2)
+    assert done, f"the training job did not finish its steps; its log:\n{log.read_text(errors='replace')}"
+    path = runtime / protocol.socket_name(pid)
+    with protocol.Reader(path) as reader:
+        reader.wait(timeout=10)
+        assert reader.hello is not None and reader.snapshot is not None
+        return reader.hello, reader.snapshot
+
+
+def monitor_command(scenario: Path, runtime: Path, rc_file: Path) -> str:
+    script = Path(sys.executable).parent / "anatomy-top"
+    exe = str(script) if script.exists() else f"{sys.executable} -m tui.cli"
+    return (
+        # COLUMNS/LINES leak in from the tmux server's environment and would override the pane's size
+        f"cd {REPO} && env -u COLUMNS -u LINES ANATOMY_TOP_SIMULATE={scenario} ANATOMY_TOP_DIR={runtime} "
+        "TERM=xterm-256color "
+        f"{exe}; echo $? > {rc_file}"
+    )
+
+
+def on_one_line(screen: str, label: str, value: str) -> bool:
+    return any(label in ln and value in ln for ln in screen.splitlines())
+
+
+def test_monitor_shows_the_hooks_bytes_and_quits_cleanly(tmp_path: Path, training) -> None:
+    from tui.demo import build_scenario
+
+    proc, runtime, log = training
+    hello, snapshot = hook_snapshot(runtime, proc.pid, log)
+    assert hello.pid == proc.pid and hello.device == "cpu"
+
+    scenario = tmp_path / "scenario.json"
+    build_scenario(proc.pid, [], n_gpus=2).to_json(scenario)
+    rec = reconcile(hello, snapshot, None)
+    expected = {row.label: fmt.fmt_bytes(row.bytes, fmt.UNMEASURED) for row in rec.rows}
+    assert any(v != fmt.UNMEASURED for v in expected.values())
+
+    rc_file = tmp_path / "rc"
+    tmux = Tmux("e2e")
+    try:
+        tmux.start(monitor_command(scenario, runtime, rc_file))
+
+        def shows_anatomy() -> bool:
+            screen = tmux.capture()
+            return all(on_one_line(screen, label, value) for label, value in expected.items())
+
+        shown = wait_for(shows_anatomy, 60)
+        screen = tmux.capture()
+        assert shown, f"expected {expected} on screen; got:\n{screen}"
+        # the process table lists the training PID (simulated on GPU 0) and the GPU model
+        assert str(proc.pid) in screen and "H100" in screen
+
+        tmux.keys("?")
+        assert wait_for(lambda: "anatomy-top keys" in tmux.capture(), 10), tmux.capture()
+        tmux.keys("q")  # closes the help
+        assert wait_for(lambda: "anatomy-top keys" not in tmux.capture(), 10), tmux.capture()
+        assert tmux.alive()
+        tmux.keys("q")  # quits
+        assert wait_for(lambda: not tmux.alive(), 15), tmux.capture()
+        assert wait_for(rc_file.exists, 5)
+        assert rc_file.read_text().strip() == "0"
+    finally:
+        tmux.kill()

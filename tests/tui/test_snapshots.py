@@ -1,0 +1,46 @@
+"""Snapshot tests (pytest-textual-snapshot) of the wide and narrow layouts from frozen data.
+
+Regenerate after an intended change with ``pytest tests/tui/test_snapshots.py --snapshot-update`` and
+review the SVGs in tests/tui/__snapshots__/ before committing them."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import frozen
+from textual.pilot import Pilot
+
+from tui.app import AnatomyTopApp
+
+MakeApp = Callable[..., AnatomyTopApp]
+
+
+async def _first_poll(pilot: Pilot[Any]) -> None:
+    app = pilot.app
+    assert isinstance(app, AnatomyTopApp)
+    await app.wait_for_poll()
+    await pilot.pause()
+
+
+def test_wide_layout(snap_compare: Any, make_app: MakeApp) -> None:
+    assert snap_compare(make_app(), terminal_size=(160, 50), run_before=_first_poll)
+
+
+def test_narrow_layout_processes(snap_compare: Any, make_app: MakeApp) -> None:
+    assert snap_compare(make_app(), terminal_size=(80, 24), run_before=_first_poll)
+
+
+def test_narrow_layout_anatomy_of_oom_process(snap_compare: Any, make_app: MakeApp) -> None:
+    async def select_oom(pilot: Pilot[Any]) -> None:
+        await _first_poll(pilot)
+        await pilot.press("s", "s", "s", "s")  # sort by PID: the OOM process is last
+        await pilot.press("end", "tab")
+        await pilot.pause()
+
+    assert snap_compare(make_app(), terminal_size=(60, 20), run_before=select_oom)
+
+
+def test_no_gpu_layout(snap_compare: Any, make_app: MakeApp) -> None:
+    app = make_app(machine=frozen.no_gpu_machine(), training=[frozen.cpu_training()])
+    assert snap_compare(app, terminal_size=(130, 36), run_before=_first_poll)

@@ -1,0 +1,502 @@
+"""The anatomy-top Textual app: nvidia-smi's view on one side, the selected training process's anatomy
+on the other.
+
+Data comes from two injected sources (tests pass fakes): ``machine_source.snapshot() -> MachineSnapshot``
+(NVML + host) and ``anatomy_source.poll() -> list[TrainingProcess]`` (the hooks' sockets). Both are
+polled in one thread worker; the next poll is scheduled when the last one finished, so polls never
+overlap and a slow NVML never blocks the UI. Nothing here imports torch.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import signal
+import sys
+import time
+from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
+from typing import Any, ClassVar, Protocol
+
+from rich.text import Text
+from textual import on, work
+from textual.app import App, ComposeResult
+from textual.binding import Binding, BindingType
+from textual.containers import Horizontal, Vertical
+from textual.message import Message
+from textual.timer import Timer
+from textual.widgets import Footer, Input
+
+from tui.sources.anatomy_source import TrainingProcess
+from tui.sources.model import GpuProcess, MachineSnapshot
+from tui.sources.reconcile import nvml_process_bytes
+from tui.widgets.anatomy_pane import AnatomyPane
+from tui.widgets.gpu_table import GpuTable
+from tui.widgets.header import MachineHeader, NvmlBanner
+from tui.widgets.help_screen import HelpScreen
+from tui.widgets.line_table import LineTable
+from tui.widgets.process_rows import build_rows
+from tui.widgets.process_table import ProcessTable
+from tui.widgets.text_static import TextStatic
+
+INTERVAL_STEPS: tuple[float, ...] = (0.5, 1.0, 2.0, 3.0, 5.0, 10.0, 30.0)
+# The keys step through INTERVAL_STEPS (at most 2 refreshes a second: a monitor must stay cheap);
+# an explicit --interval may go lower, within the CLI's bounds.
+MIN_INTERVAL = 0.1
+MAX_INTERVAL = 3600.0
+NARROW, WIDE = "-narrow", "-wide"
+PANE_NVSMI, PANE_ANATOMY = "nvsmi", "anatomy"
+
+
+class MachineSourceLike(Protocol):
+    def snapshot(self) -> MachineSnapshot: ...
+    def close(self) -> None: ...
+
+
+class AnatomySourceLike(Protocol):
+    def poll(self) -> list[TrainingProcess]: ...
+    def close(self) -> None: ...
+
+
+class Polled(Message):
+    """One poll's results, posted from the worker thread."""
+
+    def __init__(
+        self,
+        machine: MachineSnapshot | None,
+        training: list[TrainingProcess],
+        host_figures: dict[int, GpuProcess] | None = None,
+        errors: list[str] | None = None,
+    ) -> None:
+        super().__init__()
+        self.machine = machine
+        self.training = training
+        self.host_figures = host_figures or {}
+        self.errors = errors or []
+
+    def can_replace(self, message: Message) -> bool:
+        # A newer sample makes a queued older one worthless.
+        return isinstance(message, Polled)
+
+
+def next_interval(current: float, direction: int) -> float:
+    """The next step of INTERVAL_STEPS above (direction > 0) or below the current interval."""
+    if direction > 0:
+        bigger = [s for s in INTERVAL_STEPS if s > current + 1e-9]
+        return bigger[0] if bigger else current
+    smaller = [s for s in INTERVAL_STEPS if s < current - 1e-9]
+    return smaller[-1] if smaller else current
+
+
+def nvml_bytes_for(machine: MachineSnapshot | None, pid: int) -> int | None:
+    """What NVML reports for ``pid`` on the GPU it trains on, or None where it reports nothing."""
+    if machine is None:
+        return None
+    return nvml_process_bytes(pid, machine.processes)
+
+
+class HostFigures:
+    """Host figures (user, command, CPU %, RSS, running time) for publishing processes NVML does not
+    list: CPU training, or no NVIDIA driver. Called in the poll worker, never on the UI thread."""
+
+    def __init__(self) -> None:
+        from tui.sources.processes import ProcessEnricher
+
+        self._enricher = ProcessEnricher()
+
+    def __call__(self, pids: Sequence[int]) -> dict[int, GpuProcess]:
+        bare = [GpuProcess(gpu_index=-1, pid=pid, type="-") for pid in pids]
+        return {p.pid: p for p in self._enricher.enrich(bare)}
+
+
+class AnatomyTopApp(App[int]):
+    TITLE = "anatomy-top"
+    CSS_PATH = "app.tcss"
+    HORIZONTAL_BREAKPOINTS = [(0, NARROW), (120, WIDE)]  # noqa: RUF012 (Textual declares the type)
+    ENABLE_COMMAND_PALETTE = False
+
+    BINDINGS: ClassVar[list[BindingType]] = [
+        Binding("q", "quit", "Quit"),
+        Binding("question_mark", "help", "Help"),
+        Binding("tab", "switch_pane", "Pane", priority=True),
+        Binding("s", "cycle_sort", "Sort"),
+        Binding("S", "reverse_sort", "Rev"),
+        Binding("slash", "filter", "Filter"),
+        Binding("p", "pause", "Pause"),
+        Binding("plus", "slower", "+Intvl", show=False),
+        Binding("minus", "faster", "-Intvl", show=False),
+        Binding("x", "dismiss", "Dismiss", show=False),
+        Binding("j", "move(1)", "Down", show=False),
+        Binding("k", "move(-1)", "Up", show=False),
+        Binding("escape", "escape", "Clear", show=False),
+    ]
+
+    def __init__(
+        self,
+        machine_source: MachineSourceLike,
+        anatomy_source: AnatomySourceLike,
+        interval: float = 1.0,
+        *,
+        handle_signals: bool = True,
+        close_sources: bool = True,
+        host_lookup: Callable[[Sequence[int]], Mapping[int, GpuProcess]] | None = None,
+    ) -> None:
+        super().__init__()
+        self.machine_source = machine_source
+        self.anatomy_source = anatomy_source
+        self.interval = min(MAX_INTERVAL, max(MIN_INTERVAL, float(interval)))
+        self.paused = False
+        self.machine: MachineSnapshot | None = None
+        self.training: list[TrainingProcess] = []
+        self.host_figures: dict[int, GpuProcess] = {}
+        self.errors: list[str] = []
+        self.polls = 0  # completed polls, for tests and the status line
+        self.pane = PANE_NVSMI
+        self.anatomy_pid: int | None = None  # the publishing process the anatomy pane follows
+        self._handle_signals = handle_signals
+        self._close_sources = close_sources
+        self._host_lookup = host_lookup if host_lookup is not None else HostFigures()
+        self._polling = False
+        self._timer: Timer | None = None
+        self._signals_installed = False
+        self.first_poll = asyncio.Event()
+
+    # -- layout ----------------------------------------------------------------------------------
+
+    def compose(self) -> ComposeResult:
+        yield MachineHeader(id="header")
+        yield NvmlBanner(id="banner")
+        yield TextStatic(id="status")
+        yield TextStatic(id="pane-tabs")
+        with Horizontal(id="body", classes=f"-pane-{PANE_NVSMI}"):
+            with Vertical(id="nvsmi-pane"):
+                yield GpuTable(id="gpus")
+                yield TextStatic(id="proc-bar")
+                yield Input(placeholder="filter: command, user or PID", id="filter")
+                yield ProcessTable(id="processes")
+            yield AnatomyPane(id="anatomy")
+        yield Footer()
+
+    def on_mount(self) -> None:
+        self.query_one("#filter", Input).display = False
+        self.query_one(ProcessTable).focus()
+        self._render_header()
+        self._render_tabs()
+        self._render_proc_bar()
+        self._render_status()
+        if self._handle_signals:
+            self._install_signals()
+        self._schedule(0.0)
+
+    def on_unmount(self) -> None:
+        if self._timer is not None:
+            self._timer.stop()
+        if self._signals_installed:
+            with contextlib.suppress(Exception):
+                asyncio.get_running_loop().remove_signal_handler(signal.SIGHUP)
+        if self._close_sources:
+            for source in (self.machine_source, self.anatomy_source):
+                with contextlib.suppress(Exception):
+                    source.close()
+
+    def _install_signals(self) -> None:
+        # A terminal that goes away sends SIGHUP; ignoring it leaves the app spinning on a dead tty.
+        try:
+            asyncio.get_running_loop().add_signal_handler(signal.SIGHUP, self.exit)
+        except (NotImplementedError, RuntimeError, ValueError, AttributeError):
+            return
+        self._signals_installed = True
+
+    # -- polling -------------------------------------------------------------------------------
+
+    def _schedule(self, delay: float) -> None:
+        if self._timer is not None:
+            self._timer.stop()
+            self._timer = None
+        if delay <= 0:
+            self.call_later(self._start_poll)
+        else:
+            self._timer = self.set_timer(delay, self._start_poll, name="poll")
+
+    def _start_poll(self) -> None:
+        if self.paused or self._polling:
+            return
+        self._polling = True
+        self._poll_worker()
+
+    @work(thread=True, group="poll", exit_on_error=False)
+    def _poll_worker(self) -> None:
+        errors: list[str] = []
+        machine: MachineSnapshot | None = None
+        training: list[TrainingProcess] = []
+        figures: dict[int, GpuProcess] = {}
+        try:
+            machine = self.machine_source.snapshot()
+        except Exception as exc:
+            errors.append(f"GPU data: {type(exc).__name__}: {exc}")
+        try:
+            training = list(self.anatomy_source.poll())
+        except Exception as exc:
+            errors.append(f"training data: {type(exc).__name__}: {exc}")
+        try:
+            on_gpu = {p.pid for p in machine.processes} if machine is not None else set()
+            missing = [t.pid for t in training if t.pid > 0 and t.pid not in on_gpu]
+            if missing:
+                figures = dict(self._host_lookup(missing))
+        except Exception as exc:
+            errors.append(f"host data: {type(exc).__name__}: {exc}")
+        self.post_message(Polled(machine, training, figures, errors))
+
+    def on_polled(self, message: Polled) -> None:
+        self._polling = False
+        self.polls += 1
+        if message.machine is not None:
+            self.machine = message.machine
+        self.training = [t for t in message.training if t.pid > 0]
+        self.host_figures = message.host_figures
+        # The anatomy source reports its own failure as a PID-less entry.
+        self.errors = message.errors + [
+            f"training data: {t.error}" for t in message.training if t.pid <= 0 and t.error
+        ]
+        try:
+            self._render_all()
+        except Exception as exc:  # a bad sample must never take the monitor down
+            self.errors = [*self.errors, f"display: {type(exc).__name__}: {exc}"]
+            self._render_status()
+        self.first_poll.set()
+        if not self.paused:
+            self._schedule(self.interval)
+
+    async def wait_for_poll(self, count: int = 1, timeout: float = 10.0) -> None:
+        """For tests and scripts: wait until ``count`` polls in total have been shown."""
+        deadline = time.monotonic() + timeout
+        while self.polls < count:
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"{self.polls} polls after {timeout} s")
+            await asyncio.sleep(0.01)
+
+    def refresh_now(self) -> None:
+        """Poll at once (if no poll is in flight)."""
+        self._schedule(0.0)
+
+    # -- rendering -----------------------------------------------------------------------------
+
+    def _render_all(self) -> None:
+        with self.batch_update():
+            self._render_header()
+            self.query_one(NvmlBanner).show(self.machine)
+            self.query_one(GpuTable).show(self.machine.gpus if self.machine is not None else ())
+            rows = build_rows(self.machine, self.training, self.host_figures)
+            self.query_one(ProcessTable).show(rows)
+            self._render_proc_bar()
+            self._render_anatomy()
+            self._render_status()
+
+    def _render_header(self) -> None:
+        self.query_one(MachineHeader).show(self.machine, self.interval, self.paused)
+
+    def _render_status(self) -> None:
+        status = self.query_one("#status", TextStatic)
+        status.display = bool(self.errors)
+        text = Text()
+        for i, error in enumerate(self.errors):
+            if i:
+                text.append("\n")
+            text.append("error ", style="bold red")
+            text.append(Text(error))
+        status.show_text(text)
+
+    def _render_tabs(self) -> None:
+        text = Text()
+        for pane, label in ((PANE_NVSMI, "nvidia-smi"), (PANE_ANATOMY, "anatomy")):
+            style = "bold reverse cyan" if self.pane == pane else "bright_black"
+            text.append(f" {label} ", style=style)
+            text.append(" ")
+        text.append(" tab switches", style="bright_black")
+        self.query_one("#pane-tabs", TextStatic).show_text(text)
+
+    def _render_proc_bar(self) -> None:
+        table = self.query_one(ProcessTable)
+        text = Text("Processes ", style="bold")
+        shown, total = table.row_count, table.total_count
+        text.append(f"{shown}" if shown == total else f"{shown} of {total}")
+        publishing = sum(1 for t in self.training if t.pid > 0)
+        if publishing:
+            text.append(f" · {publishing} publishing ◆", style="green")
+        text.append(f" · sort {table.sort_label}", style="bright_black")
+        if table.filter_text:
+            text.append(" · filter ", style="bright_black")
+            text.append(Text(repr(table.filter_text), style="yellow"))
+        self.query_one("#proc-bar", TextStatic).show_text(text)
+
+    def _selected_training(self) -> TrainingProcess | None:
+        by_pid = {t.pid: t for t in self.training if t.pid > 0}
+        row = self.query_one(ProcessTable).selected_row
+        if row is not None and row.pid in by_pid:
+            self.anatomy_pid = row.pid
+        if self.anatomy_pid in by_pid:
+            return by_pid[self.anatomy_pid]
+        # Nothing publishing selected: the only (or first) publishing process.
+        first = next(iter(sorted(by_pid.values(), key=lambda t: t.pid)), None)
+        self.anatomy_pid = first.pid if first is not None else None
+        return first
+
+    def _render_anatomy(self, only_if_changed: bool = False) -> None:
+        process = self._selected_training()
+        row = self.query_one(ProcessTable).selected_row
+        hint = None
+        if process is not None and row is not None and row.pid != process.pid:
+            hint = f"PID {row.pid} does not publish its anatomy; showing PID {process.pid}"
+        pane = self.query_one(AnatomyPane)
+        if only_if_changed and process is pane.process and hint == pane.hint:
+            return
+        group: list[TrainingProcess] = []
+        if process is not None and process.rank_group is not None:
+            group = [t for t in self.training if t.rank_group == process.rank_group]
+        nvml_bytes = nvml_bytes_for(self.machine, process.pid) if process is not None else None
+        pane.show(process, group, nvml_bytes, hint=hint)
+
+    @on(LineTable.CursorMoved, "#processes")
+    def _on_process_highlighted(self, event: LineTable.CursorMoved) -> None:
+        try:
+            self._render_anatomy(only_if_changed=True)
+        except Exception as exc:
+            self.errors = [f"display: {type(exc).__name__}: {exc}"]
+            self._render_status()
+
+    # -- filter input --------------------------------------------------------------------------
+
+    @on(Input.Changed, "#filter")
+    def _on_filter_changed(self, event: Input.Changed) -> None:
+        self.query_one(ProcessTable).set_filter(event.value.strip())
+        self._render_proc_bar()
+        self._render_anatomy()
+
+    @on(Input.Submitted, "#filter")
+    def _on_filter_submitted(self, event: Input.Submitted) -> None:
+        filter_input = self.query_one("#filter", Input)
+        filter_input.display = bool(event.value.strip())
+        self.query_one(ProcessTable).focus()
+
+    # -- actions -------------------------------------------------------------------------------
+
+    def action_help(self) -> None:
+        if not isinstance(self.screen, HelpScreen):
+            self.push_screen(HelpScreen())
+
+    def action_switch_pane(self) -> None:
+        if isinstance(self.screen, HelpScreen):
+            return
+        self.pane = PANE_ANATOMY if self.pane == PANE_NVSMI else PANE_NVSMI
+        body = self.query_one("#body")
+        body.set_class(self.pane == PANE_NVSMI, f"-pane-{PANE_NVSMI}")
+        body.set_class(self.pane == PANE_ANATOMY, f"-pane-{PANE_ANATOMY}")
+        if self.pane == PANE_ANATOMY:
+            self.query_one(AnatomyPane).focus()
+        else:
+            self.query_one(ProcessTable).focus()
+        self._render_tabs()
+
+    def action_cycle_sort(self) -> None:
+        self.query_one(ProcessTable).cycle_sort()
+        self._render_proc_bar()
+
+    def action_reverse_sort(self) -> None:
+        self.query_one(ProcessTable).toggle_reverse()
+        self._render_proc_bar()
+
+    def action_filter(self) -> None:
+        filter_input = self.query_one("#filter", Input)
+        filter_input.display = True
+        if self.pane != PANE_NVSMI:
+            self.action_switch_pane()
+        filter_input.focus()
+
+    def action_escape(self) -> None:
+        filter_input = self.query_one("#filter", Input)
+        if filter_input.display or filter_input.value:
+            filter_input.value = ""
+            filter_input.display = False
+            self.query_one(ProcessTable).set_filter("")
+            self.query_one(ProcessTable).focus()
+            self._render_proc_bar()
+
+    def action_pause(self) -> None:
+        self.paused = not self.paused
+        if self.paused:
+            if self._timer is not None:
+                self._timer.stop()
+        else:
+            self._schedule(0.0)
+        self._render_header()
+
+    def action_slower(self) -> None:
+        self._set_interval(next_interval(self.interval, +1))
+
+    def action_faster(self) -> None:
+        self._set_interval(next_interval(self.interval, -1))
+
+    def _set_interval(self, value: float) -> None:
+        self.interval = min(MAX_INTERVAL, max(MIN_INTERVAL, value))
+        if not self.paused and not self._polling:
+            self._schedule(self.interval)
+        self._render_header()
+
+    def action_dismiss(self) -> None:
+        pane = self.query_one(AnatomyPane)
+        process = pane.process
+        dismiss = getattr(self.anatomy_source, "dismiss", None)
+        if process is None or process.state != "oom" or dismiss is None:
+            self.notify("nothing to dismiss: select a process marked OOM", timeout=3)
+            return
+        try:
+            dismiss(process.pid)
+        except Exception as exc:
+            self.errors = [f"dismiss: {type(exc).__name__}: {exc}"]
+            self._render_status()
+            return
+        self.training = [t for t in self.training if t.pid != process.pid]
+        self.anatomy_pid = None
+        self._render_all()
+        self.refresh_now()
+
+    def action_move(self, delta: int) -> None:
+        focused = self.focused
+        if isinstance(focused, LineTable):
+            if delta > 0:
+                focused.action_cursor_down()
+            else:
+                focused.action_cursor_up()
+        elif isinstance(focused, AnatomyPane):
+            if delta > 0:
+                focused.scroll_down(animate=False)
+            else:
+                focused.scroll_up(animate=False)
+
+
+def run_app(args: Any) -> int:
+    """Run the monitor in this terminal with the real sources; returns the exit status."""
+    interval = float(getattr(args, "interval", 1.0) or 1.0)
+    try:
+        from tui.sources.anatomy_source import AnatomySource
+        from tui.sources.machine import MachineSource
+
+        machine_source = MachineSource()
+        anatomy_source = AnatomySource()
+    except Exception as exc:
+        print(f"anatomy-top: cannot start: {type(exc).__name__}: {exc}", file=sys.stderr)
+        return 1
+    app = AnatomyTopApp(machine_source=machine_source, anatomy_source=anatomy_source, interval=interval)
+    try:
+        app.run()
+    except Exception as exc:  # no traceback for users
+        print(f"anatomy-top: {type(exc).__name__}: {exc}", file=sys.stderr)
+        return 1
+    finally:
+        for source in (machine_source, anatomy_source):
+            with contextlib.suppress(Exception):
+                source.close()
+    return app.return_code or 0
+
+
+CSS_FILE = Path(__file__).with_name("app.tcss")

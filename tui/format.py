@@ -1,0 +1,178 @@
+"""Human units for every figure anatomy-top shows: bytes, shares, durations, rates, counts.
+
+Pure functions of plain numbers, stdlib only, shared by the Textual widgets and the text reports so a
+number reads the same everywhere (tests compare the screen against these functions' output exactly).
+``None`` means N/A and is rendered as ``NA`` (or ``UNMEASURED`` where a measurement is missing).
+"""
+
+from __future__ import annotations
+
+import math
+
+NA = "N/A"
+UNMEASURED = "unmeasured"
+
+_BINARY_UNITS = ("KiB", "MiB", "GiB", "TiB", "PiB")
+_SI_SUFFIXES = ((1e12, "T"), (1e9, "G"), (1e6, "M"), (1e3, "k"))
+_COUNT_SUFFIXES = ((1e12, "T"), (1e9, "B"), (1e6, "M"), (1e3, "k"))
+
+
+def _finite(value: float | None) -> bool:
+    return value is not None and math.isfinite(value)
+
+
+def fmt_bytes(n: float | None, na: str = NA) -> str:
+    """Binary units: ``512 B``, ``42.6 MiB``, ``1.25 GiB`` (GiB and above with two decimals)."""
+    if n is None or not _finite(float(n)):
+        return na
+    sign = "-" if n < 0 else ""
+    value = abs(float(n))
+    if value < 1024:
+        return f"{sign}{int(value)} B"
+    for i, unit in enumerate(_BINARY_UNITS):
+        value /= 1024.0
+        if value < 1024 or i == len(_BINARY_UNITS) - 1:
+            decimals = 1 if unit in ("KiB", "MiB") else 2
+            return f"{sign}{value:.{decimals}f} {unit}"
+    raise AssertionError("unreachable")  # pragma: no cover
+
+
+def fmt_mib(n: float | None, na: str = NA) -> str:
+    """nvidia-smi's style: whole MiB without a space (``40536MiB``)."""
+    if n is None or not _finite(float(n)):
+        return na
+    return f"{int(n) // (1024 * 1024)}MiB"
+
+
+def fmt_bytes_pair(used: float | None, total: float | None, na: str = NA) -> str:
+    """``12.3 / 80.0 GiB``: both figures in the unit of the total, so they line up."""
+    if used is None or total is None:
+        return f"{fmt_bytes(used, na)} / {fmt_bytes(total, na)}"
+    unit_index = 0
+    scaled_total = float(total)
+    while scaled_total >= 1024 and unit_index < len(_BINARY_UNITS):
+        scaled_total /= 1024.0
+        unit_index += 1
+    if unit_index == 0:
+        return f"{int(used)} / {int(total)} B"
+    divisor = 1024.0**unit_index
+    unit = _BINARY_UNITS[unit_index - 1]
+    return f"{used / divisor:.1f} / {total / divisor:.1f} {unit}"
+
+
+def fmt_percent(p: float | None, decimals: int = 0, na: str = NA) -> str:
+    """A value already in percent: ``fmt_percent(37.5) == '38%'``."""
+    if not _finite(p):
+        return na
+    assert p is not None
+    return f"{p:.{decimals}f}%"
+
+
+def fmt_share(fraction: float | None, decimals: int = 1, na: str = NA) -> str:
+    """A fraction in [0, 1] as percent: ``fmt_share(0.1234) == '12.3%'``."""
+    if not _finite(fraction):
+        return na
+    assert fraction is not None
+    return f"{fraction * 100:.{decimals}f}%"
+
+
+def fmt_duration(seconds: float | None, na: str = NA) -> str:
+    """Running time like ps: ``05:06``, ``04:05:06``, ``3d 04:05:06``."""
+    if not _finite(seconds):
+        return na
+    assert seconds is not None
+    total = max(0, int(seconds))
+    days, rest = divmod(total, 86400)
+    hours, rest = divmod(rest, 3600)
+    minutes, secs = divmod(rest, 60)
+    if days:
+        return f"{days}d {hours:02d}:{minutes:02d}:{secs:02d}"
+    if hours:
+        return f"{hours:02d}:{minutes:02d}:{secs:02d}"
+    return f"{minutes:02d}:{secs:02d}"
+
+
+def fmt_seconds(seconds: float | None, na: str = NA) -> str:
+    """Short spans such as step times: ``850 µs``, ``412 ms``, ``1.23 s``, ``75.0 s``."""
+    if not _finite(seconds):
+        return na
+    assert seconds is not None
+    if seconds < 1e-3:
+        return f"{seconds * 1e6:.0f} µs"
+    if seconds < 1.0:
+        return f"{seconds * 1e3:.0f} ms"
+    if seconds < 10.0:
+        return f"{seconds:.2f} s"
+    return f"{seconds:.1f} s"
+
+
+def fmt_si(value: float | None, decimals: int = 1, na: str = NA) -> str:
+    """SI suffixes for rates: ``9.9k``, ``1.2M``; below 1000 keeps ``decimals``."""
+    if not _finite(value):
+        return na
+    assert value is not None
+    for threshold, suffix in _SI_SUFFIXES:
+        if abs(value) >= threshold:
+            return f"{value / threshold:.{decimals}f}{suffix}"
+    return f"{value:.{decimals}f}"
+
+
+def fmt_rate(value: float | None, unit: str, na: str = NA) -> str:
+    """``19.4 samples/s``, ``9.9k tokens/s``."""
+    if not _finite(value):
+        return na
+    return f"{fmt_si(value)} {unit}/s"
+
+
+def fmt_count(n: float | None, na: str = NA) -> str:
+    """Parameter counts: ``110.1M``, ``1.30B``, ``512``."""
+    if not _finite(None if n is None else float(n)):
+        return na
+    assert n is not None
+    for threshold, suffix in _COUNT_SUFFIXES:
+        if abs(n) >= threshold:
+            decimals = 2 if suffix in ("B", "T") else 1
+            return f"{n / threshold:.{decimals}f}{suffix}"
+    return f"{int(n)}"
+
+
+def fmt_bytes_per_param(value: float | None, na: str = UNMEASURED) -> str:
+    """Bytes per parameter with two decimals (``4.00``, ``18.00``)."""
+    if not _finite(value):
+        return na
+    assert value is not None
+    return f"{value:.2f}"
+
+
+def fmt_watts(w: float | None, na: str = NA) -> str:
+    if not _finite(w):
+        return na
+    assert w is not None
+    return f"{w:.0f}W"
+
+
+def fmt_power(usage: float | None, cap: float | None, na: str = NA) -> str:
+    """nvidia-smi's ``Pwr:Usage/Cap``: ``250W / 700W``."""
+    return f"{fmt_watts(usage, na)} / {fmt_watts(cap, na)}"
+
+
+def fmt_temp(celsius: float | None, na: str = NA) -> str:
+    if not _finite(None if celsius is None else float(celsius)):
+        return na
+    assert celsius is not None
+    return f"{celsius:.0f}C"
+
+
+def fmt_tflops(tflops: float | None, na: str = NA) -> str:
+    """Achieved throughput in TFLOP/s: ``41.3 TFLOP/s`` (``0.012 TFLOP/s`` on a CPU)."""
+    if not _finite(tflops):
+        return na
+    assert tflops is not None
+    decimals = 1 if abs(tflops) >= 10 else (2 if abs(tflops) >= 0.1 else 3)
+    return f"{tflops:.{decimals}f} TFLOP/s"
+
+
+def fmt_bool(value: bool | None, yes: str = "On", no: str = "Off", na: str = NA) -> str:
+    if value is None:
+        return na
+    return yes if value else no

@@ -1,0 +1,402 @@
+"""The monitor's view of training processes that publish their anatomy through the hook.
+
+``AnatomySource.poll()`` discovers hook sockets and OOM files in the runtime directory, keeps one
+non-blocking ``protocol.Reader`` per socket and returns one ``TrainingProcess`` per publisher. It never
+blocks for long (connects use a short timeout), never raises, and holds bounded memory.
+
+Stdlib only (plus anatomy.protocol): the monitor never imports torch.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import select
+import threading
+import time
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from anatomy import protocol
+from anatomy.protocol import Hello, ProtocolError, Reader, Snapshot
+
+LIVE = "live"
+OOM = "oom"
+EXITED = "exited"
+ERROR = "error"
+STATES: tuple[str, ...] = (LIVE, OOM, EXITED, ERROR)
+
+HISTORY_LEN = 120
+# A publisher that went away stays on screen this long, marked "exited", so its last figures can be read.
+EXITED_TTL_S = 120.0
+# A socket that refused us or spoke nonsense is retried after this long, not on every poll.
+RETRY_S = 5.0
+CONNECT_TIMEOUT_S = 0.05
+# Bounds what a directory full of sockets (or a hostile one) can make the monitor hold.
+MAX_PROCESSES = 256
+
+
+@dataclass(frozen=True)
+class TrainingProcess:
+    """One publishing training process, as of the last poll."""
+
+    pid: int
+    hello: Hello | None
+    snapshot: Snapshot | None
+    state: str  # one of STATES
+    error: str | None = None  # why the reader was dropped (state "error"), or the hook's own degradation
+    memory_history: tuple[int, ...] = ()  # total measured bytes, one per new snapshot, oldest first
+    step_time_history: tuple[float, ...] = ()  # seconds, one per new snapshot that carried a step time
+    rank_group: str | None = None  # processes of one multi-rank job share this key
+    oom: str | None = None  # the out-of-memory exception text, when an OOM file exists for this PID
+    path: Path | None = None  # the socket (or, for state "oom", the OOM file)
+    updated_at: float | None = None  # monotonic time of the last new message
+
+    @property
+    def rank(self) -> int | None:
+        return self.hello.rank if self.hello is not None else None
+
+    @property
+    def total_bytes(self) -> int | None:
+        return measured_total(self.snapshot) if self.snapshot is not None else None
+
+
+def measured_total(snapshot: Snapshot) -> int:
+    """The sum of every component the hook measured (unmeasured ones count as nothing)."""
+    return sum(v for v in snapshot.memory.values() if v is not None)
+
+
+def rank_group_key(hello: Hello) -> str:
+    """Ranks of one job run on one host with the same world size and model class."""
+    return f"{hello.host}|{hello.world_size or 1}|{hello.model_class}"
+
+
+@dataclass
+class _Entry:
+    """Mutable per-socket (or per-OOM-file) state kept between polls."""
+
+    pid: int
+    path: Path
+    reader: Reader | None = None
+    hello: Hello | None = None
+    snapshot: Snapshot | None = None
+    state: str = LIVE
+    error: str | None = None
+    memory_history: deque[int] = field(default_factory=lambda: deque(maxlen=HISTORY_LEN))
+    step_time_history: deque[float] = field(default_factory=lambda: deque(maxlen=HISTORY_LEN))
+    last_seq: int | None = None
+    updated_at: float | None = None
+    ended_at: float | None = None  # when the reader was dropped
+    retry_at: float | None = None  # when a failed socket may be tried again
+    inode: int | None = None  # of the socket we connected to: a new socket at the same path is a new hook
+
+    def record(self, snapshot: Snapshot, now: float) -> None:
+        if self.last_seq == snapshot.seq and self.snapshot is not None:
+            return
+        self.snapshot = snapshot
+        self.last_seq = snapshot.seq
+        self.updated_at = now
+        self.memory_history.append(measured_total(snapshot))
+        if snapshot.timing.step_s is not None:
+            self.step_time_history.append(snapshot.timing.step_s)
+
+
+@dataclass
+class _OomEntry:
+    pid: int
+    path: Path
+    mtime_ns: int
+    hello: Hello | None
+    snapshot: Snapshot | None
+    error: str | None
+
+
+class AnatomySource:
+    """Discovers and reads the hooks' sockets. Call ``poll()`` from one thread at a time (a lock guards
+    it anyway); ``close()`` may come from any thread."""
+
+    def __init__(
+        self,
+        directory: Path | str | None = None,
+        *,
+        exited_ttl_s: float = EXITED_TTL_S,
+        retry_s: float = RETRY_S,
+        connect_timeout_s: float = CONNECT_TIMEOUT_S,
+        max_processes: int = MAX_PROCESSES,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self._directory = Path(directory) if directory is not None else None
+        self._exited_ttl_s = exited_ttl_s
+        self._retry_s = retry_s
+        self._connect_timeout_s = connect_timeout_s
+        self._max = max_processes
+        self._clock = clock
+        self._entries: dict[Path, _Entry] = {}
+        self._ooms: dict[int, _OomEntry] = {}
+        self._dismissed: dict[Path, int] = {}  # OOM file -> mtime_ns the user dismissed
+        self._lock = threading.Lock()
+        self._closed = False
+
+    @property
+    def directory(self) -> Path:
+        return self._directory if self._directory is not None else protocol.runtime_dir()
+
+    # -- public ---------------------------------------------------------------------------------
+
+    def poll(self, wait_for_first_s: float = 0.0) -> list[TrainingProcess]:
+        """Read what arrived and return every known publisher, sorted by PID. With ``wait_for_first_s``
+        (for ``--once``), wait up to that long in total for new sockets' first snapshot."""
+        with self._lock:
+            if self._closed:
+                return []
+            try:
+                now = self._clock()
+                self._discover(now)
+                self._read_all(now)
+                if wait_for_first_s > 0:
+                    self._wait_first(wait_for_first_s)
+                self._scan_oom()
+                self._expire(self._clock())
+                return self._view()
+            except Exception as exc:  # a monitor must keep running whatever the directory holds
+                return [TrainingProcess(pid=0, hello=None, snapshot=None, state=ERROR, error=repr(exc))]
+
+    def dismiss(self, pid: int, remove_file: bool = False) -> bool:
+        """Stop showing the OOM record of ``pid`` (it reappears only if a new OOM file is written)."""
+        with self._lock:
+            entry = self._ooms.pop(pid, None)
+            if entry is None:
+                return False
+            self._dismissed[entry.path] = entry.mtime_ns
+            if remove_file:
+                with contextlib.suppress(OSError):
+                    entry.path.unlink()
+            # A dismissed OOM of a process that is gone also dismisses its "exited" record.
+            for path, e in list(self._entries.items()):
+                if e.pid == pid and e.reader is None:
+                    del self._entries[path]
+            return True
+
+    def close(self) -> None:
+        with self._lock:
+            self._closed = True
+            for entry in self._entries.values():
+                if entry.reader is not None:
+                    entry.reader.close()
+                    entry.reader = None
+            self._entries.clear()
+            self._ooms.clear()
+
+    def __enter__(self) -> AnatomySource:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # -- internals ------------------------------------------------------------------------------
+
+    def _discover(self, now: float) -> None:
+        for path in protocol.discover(self.directory):
+            entry = self._entries.get(path)
+            if entry is not None and entry.reader is None and entry.retry_at is None:
+                # Closed by the hook; the same process may have started a new tracker on this path.
+                if _inode(path) in (None, entry.inode):
+                    continue
+                entry.retry_at = now
+            if entry is not None and (entry.reader is not None or now < (entry.retry_at or 0.0)):
+                continue
+            if entry is None and len(self._entries) >= self._max:
+                continue
+            pid = protocol.pid_from_path(path) or 0
+            try:
+                reader = Reader(path, timeout=self._connect_timeout_s)
+            except OSError as exc:
+                failed = entry or _Entry(pid=pid, path=path)
+                failed.state, failed.error = ERROR, f"cannot connect to {path.name}: {exc.strerror or exc}"
+                failed.retry_at, failed.ended_at = now + self._retry_s, now
+                self._entries[path] = failed
+                continue
+            if entry is None or entry.hello is None:
+                entry = _Entry(pid=pid, path=path)
+            # A reconnect to a known socket keeps the history: same process, same job.
+            entry.reader, entry.state, entry.error = reader, LIVE, None
+            entry.inode = _inode(path)
+            entry.retry_at = entry.ended_at = None
+            self._entries[path] = entry
+
+    def _read_all(self, now: float) -> None:
+        for entry in self._entries.values():
+            if entry.reader is not None:
+                self._read(entry, now)
+
+    def _read(self, entry: _Entry, now: float) -> None:
+        reader = entry.reader
+        assert reader is not None
+        failure: str | None = None
+        try:
+            reader.poll()
+        except ProtocolError as exc:
+            failure = f"protocol error: {exc}"
+        except Exception as exc:
+            failure = f"read failed: {exc!r}"
+        # What arrived before a bad message is still good.
+        if reader.hello is not None:
+            entry.hello = reader.hello
+            if reader.hello.pid:
+                entry.pid = reader.hello.pid
+            if entry.updated_at is None:
+                entry.updated_at = now
+        if reader.snapshot is not None:
+            entry.record(reader.snapshot, now)
+        if failure is not None:
+            self._drop(entry, now, ERROR, failure)
+            entry.retry_at = now + self._retry_s
+        elif reader.closed:
+            self._drop(entry, now, EXITED, None)
+
+    def _drop(self, entry: _Entry, now: float, state: str, error: str | None) -> None:
+        if entry.reader is not None:
+            entry.reader.close()
+            entry.reader = None
+        entry.state, entry.error, entry.ended_at = state, error, now
+
+    def _wait_first(self, budget_s: float) -> None:
+        deadline = time.monotonic() + budget_s
+        while True:
+            waiting = [
+                e
+                for e in self._entries.values()
+                if e.reader is not None and (e.hello is None or e.snapshot is None)
+            ]
+            left = deadline - time.monotonic()
+            if not waiting or left <= 0:
+                return
+            socks = [e.reader for e in waiting if e.reader is not None]
+            try:
+                ready, _, _ = select.select(socks, [], [], min(left, 0.1))
+            except (OSError, ValueError):
+                return
+            now = self._clock()
+            for entry in waiting:
+                if entry.reader in ready:
+                    self._read(entry, now)
+
+    def _scan_oom(self) -> None:
+        seen: set[int] = set()
+        for path in protocol.discover_oom(self.directory):
+            pid = protocol.pid_from_path(path)
+            if pid is None:
+                continue
+            try:
+                mtime_ns = path.stat().st_mtime_ns
+            except OSError:
+                continue
+            if self._dismissed.get(path) == mtime_ns:
+                continue
+            seen.add(pid)
+            known = self._ooms.get(pid)
+            if known is not None and known.mtime_ns == mtime_ns:
+                continue
+            if len(self._ooms) >= self._max and known is None:
+                continue
+            try:
+                hello, snapshot = protocol.read_oom_file(path)
+                self._ooms[pid] = _OomEntry(pid, path, mtime_ns, hello, snapshot, None)
+            except (OSError, ProtocolError) as exc:
+                self._ooms[pid] = _OomEntry(pid, path, mtime_ns, None, None, f"unreadable OOM file: {exc}")
+        for pid in set(self._ooms) - seen:
+            del self._ooms[pid]
+        self._dismissed = {p: m for p, m in self._dismissed.items() if p.exists()}
+
+    def _expire(self, now: float) -> None:
+        for path, entry in list(self._entries.items()):
+            if entry.reader is not None or entry.ended_at is None:
+                continue
+            if entry.pid in self._ooms:
+                continue  # kept as long as the OOM record is
+            if entry.state == ERROR and entry.retry_at is not None and path.exists():
+                continue  # still there: retried later, shown meanwhile
+            if now - entry.ended_at > self._exited_ttl_s or (entry.state == ERROR and not path.exists()):
+                del self._entries[path]
+
+    def _view(self) -> list[TrainingProcess]:
+        out: list[TrainingProcess] = []
+        oom_pids_shown: set[int] = set()
+        for entry in self._entries.values():
+            oom = self._ooms.get(entry.pid)
+            hello, snapshot, state = entry.hello, entry.snapshot, entry.state
+            error, path = entry.error, entry.path
+            oom_text = None
+            if oom is not None:
+                oom_pids_shown.add(entry.pid)
+                oom_text = _oom_text(oom)
+                newer_live = (
+                    entry.reader is not None
+                    and snapshot is not None
+                    and (oom.snapshot is None or snapshot.time > oom.snapshot.time)
+                )
+                if not newer_live:
+                    # The process died (or is dying) of OOM: its last anatomy is the file's.
+                    state, path = OOM, oom.path
+                    hello = oom.hello or hello
+                    snapshot = oom.snapshot or snapshot
+                    error = oom.error or error
+            out.append(self._make(entry.pid, hello, snapshot, state, error, entry, oom_text, path))
+        for pid, oom in self._ooms.items():
+            if pid in oom_pids_shown:
+                continue
+            text = _oom_text(oom)
+            out.append(self._make(pid, oom.hello, oom.snapshot, OOM, oom.error, None, text, oom.path))
+        out.sort(key=lambda p: (p.pid, str(p.path)))
+        return out
+
+    @staticmethod
+    def _make(
+        pid: int,
+        hello: Hello | None,
+        snapshot: Snapshot | None,
+        state: str,
+        error: str | None,
+        entry: _Entry | None,
+        oom_text: str | None,
+        path: Path | None,
+    ) -> TrainingProcess:
+        if error is None and snapshot is not None and snapshot.error:
+            error = snapshot.error
+        mem: tuple[int, ...] = tuple(entry.memory_history) if entry is not None else ()
+        steps: tuple[float, ...] = tuple(entry.step_time_history) if entry is not None else ()
+        if not mem and snapshot is not None:
+            mem = (measured_total(snapshot),)
+        return TrainingProcess(
+            pid=pid,
+            hello=hello,
+            snapshot=snapshot,
+            state=state,
+            error=error,
+            memory_history=mem,
+            step_time_history=steps,
+            rank_group=rank_group_key(hello) if hello is not None else None,
+            oom=oom_text,
+            path=path,
+            updated_at=entry.updated_at if entry is not None else None,
+        )
+
+
+def _inode(path: Path) -> int | None:
+    try:
+        return path.stat().st_ino
+    except OSError:
+        return None
+
+
+def _oom_text(oom: _OomEntry) -> str:
+    if oom.snapshot is not None and oom.snapshot.oom:
+        return oom.snapshot.oom
+    return oom.error or "out of memory"
+
+
+def poll_once(directory: Path | str | None = None, wait_s: float = 1.0) -> list[TrainingProcess]:
+    """Everything publishing right now, waiting up to ``wait_s`` in total for first snapshots (``--once``)."""
+    with AnatomySource(directory) as source:
+        return source.poll(wait_for_first_s=wait_s)

@@ -1,0 +1,561 @@
+"""The NVML source: nvidia-smi's default view, read through pynvml, as plain data objects.
+
+Design (lessons from nvitop/gpustat, see the field notes):
+- one choke point (``NvmlSource._get``) turns every NVMLError into N/A (``None``), except a lost GPU, which
+  aborts that GPU's pass and marks it lost while the other GPUs carry on;
+- a symbol missing on an older driver falls back to the older call and is remembered, because pynvml
+  never caches FunctionNotFound and would retry (and fail) on every refresh;
+- three cache tiers per device: identity fields never change, slow fields (modes, limits, ECC, fan,
+  temperature, performance state) live ``slow_ttl`` seconds, fast fields (memory, utilization, power,
+  processes) ``fast_ttl`` (0 = every refresh);
+- process lists are read with a buffer sized from the previous refresh, so one call per list instead of
+  pynvml's two-call size protocol;
+- a lock around every NVML use; ``close()`` waits for an in-flight query before ``nvmlShutdown``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import os
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+from tui.sources.model import GpuInfo, GpuProcess, NvmlStatus
+
+LIBRARY_MISSING_REASON = "NVIDIA driver not found (libnvidia-ml.so.1 could not be loaded)"
+BINDINGS_MISSING_REASON = "nvidia-ml-py (pynvml) is not installed"
+CLOSED_REASON = "NVML source closed"
+SIMULATE_ENV = "ANATOMY_TOP_SIMULATE"
+
+_NOT_AVAILABLE_U32 = 0xFFFFFFFF
+_NOT_AVAILABLE_U64 = 0xFFFFFFFFFFFFFFFF
+_PSTATE_UNKNOWN = 32
+_COMPUTE_MODES = {0: "Default", 1: "Exclusive_Thread", 2: "Prohibited", 3: "Exclusive_Process"}
+
+# Field names of GpuInfo per cache tier.
+IDENTITY_FIELDS = ("name", "uuid", "bus_id")
+SLOW_FIELDS = (
+    "persistence_mode",
+    "display_active",
+    "ecc_volatile_uncorrected",
+    "fan_percent",
+    "temperature_c",
+    "performance_state",
+    "power_limit_w",
+    "compute_mode",
+    "mig_mode",
+)
+FAST_FIELDS = (
+    "memory_total",
+    "memory_used",
+    "memory_free",
+    "memory_reserved",
+    "gpu_util",
+    "memory_util",
+    "power_w",
+)
+
+
+class _GpuLost(Exception):
+    """Raised out of the choke point when a device fell off the bus; ends that device's pass."""
+
+
+class _ProcessInfoV1(ctypes.Structure):
+    # The pre-MIG layout (drivers before the _v2 process calls): 16 bytes, no instance ids.
+    _fields_ = [("pid", ctypes.c_uint), ("usedGpuMemory", ctypes.c_ulonglong)]
+
+
+@dataclass(frozen=True)
+class NvmlReading:
+    """One pass over NVML: the status, every GPU, every GPU process (not yet host-enriched)."""
+
+    status: NvmlStatus
+    gpus: tuple[GpuInfo, ...] = ()
+    processes: tuple[GpuProcess, ...] = ()
+    calls: int = 0  # NVML C calls this pass made (fallback attempts included)
+
+
+@dataclass
+class _Device:
+    index: int
+    handle: Any = None
+    lost: bool = False
+    error: str | None = None
+    identity: dict[str, Any] | None = None
+    slow: dict[str, Any] | None = None
+    slow_at: float = float("-inf")
+    fast: dict[str, Any] | None = None
+    fast_at: float = float("-inf")
+    processes: tuple[GpuProcess, ...] = ()
+    # Last list length per process kind, to size the next read's buffer.
+    proc_capacity: dict[str, int] = field(default_factory=dict)
+
+
+def _decode(value: Any) -> str | None:
+    if value is None:
+        return None
+    if isinstance(value, bytes):
+        return value.decode("utf-8", errors="replace")
+    return str(value)
+
+
+def format_cuda_version(version: int | None) -> str | None:
+    """NVML's integer CUDA driver version (12040) as nvidia-smi prints it ("12.4")."""
+    if version is None or version <= 0:
+        return None
+    return f"{version // 1000}.{(version % 1000) // 10}"
+
+
+_sim_lock = threading.Lock()
+_sim_installed_from: str | None = None
+
+
+def install_simulation_from_env() -> str | None:
+    """Install the simulated NVML when ANATOMY_TOP_SIMULATE is set; return an error text on failure.
+
+    Imported lazily so a real run never loads the simulator. Once per scenario path per process: a
+    second source must not replace the library (and invalidate the handles) under the first.
+    """
+    global _sim_installed_from
+    path = os.environ.get(SIMULATE_ENV, "").strip()
+    if not path:
+        return None
+    with _sim_lock:
+        try:
+            from tui.simnvml import install_from_env, installed
+
+            if path == _sim_installed_from and installed() is not None:
+                return None
+            install_from_env()
+        except Exception as exc:  # a broken scenario file must not crash the monitor
+            return f"simulated NVML ({SIMULATE_ENV}) could not be installed: {exc}"
+        _sim_installed_from = path
+    return None
+
+
+class NvmlSource:
+    """Reads nvidia-smi's default view from NVML. Thread-safe; every failure is a value.
+
+    ``slow_ttl``/``fast_ttl`` are the cache lifetimes in seconds of the slow and fast tiers;
+    ``init_retry_s`` how long to wait before trying a failed ``nvmlInit`` again.
+    """
+
+    def __init__(
+        self,
+        *,
+        slow_ttl: float = 5.0,
+        fast_ttl: float = 0.0,
+        init_retry_s: float = 30.0,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.slow_ttl = slow_ttl
+        self.fast_ttl = fast_ttl
+        self.init_retry_s = init_retry_s
+        self._clock = clock
+        self._lock = threading.Lock()
+        self._closed = False
+        self._initialized = False
+        self._init_failed_at: float | None = None
+        self._status = NvmlStatus(available=False, reason="NVML not initialised yet")
+        self._devices: list[_Device] = []
+        self._missing: set[str] = set()  # symbols the driver lacks, never asked for again
+        self._calls = 0
+        self._nvml: Any = None  # the pynvml module once imported
+
+    # ----------------------------------------------------------------- public API
+    @property
+    def missing_symbols(self) -> frozenset[str]:
+        return frozenset(self._missing)
+
+    @property
+    def total_calls(self) -> int:
+        return self._calls
+
+    def status(self) -> NvmlStatus:
+        return self._status
+
+    def query(self) -> NvmlReading:
+        with self._lock:
+            if self._closed:
+                return NvmlReading(NvmlStatus(available=False, reason=CLOSED_REASON))
+            before = self._calls
+            try:
+                return self._query_locked(before)
+            except Exception as exc:  # last line of defence: a bug here is a value, not a crash
+                status = replace(self._status, available=False, reason=f"NVML query failed: {exc!r}")
+                return NvmlReading(status, calls=self._calls - before)
+
+    def close(self) -> None:
+        # Taking the lock waits for an in-flight query: shutting NVML down under a running call is
+        # the crash-on-quit bug nvitop users hit.
+        with self._lock:
+            if self._closed:
+                return
+            self._closed = True
+            if self._initialized and self._nvml is not None:
+                with contextlib.suppress(Exception):  # shutting down: nothing left to report to
+                    self._nvml.nvmlShutdown()
+            self._initialized = False
+            self._devices = []
+            self._status = NvmlStatus(available=False, reason=CLOSED_REASON)
+
+    def __enter__(self) -> NvmlSource:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # ----------------------------------------------------------------- init
+    def _query_locked(self, before: int) -> NvmlReading:
+        if not self._initialized and not self._try_init():
+            return NvmlReading(self._status, calls=self._calls - before)
+        now = self._clock()
+        gpus: list[GpuInfo] = []
+        processes: list[GpuProcess] = []
+        for dev in self._devices:
+            info, procs = self._read_device(dev, now)
+            gpus.append(info)
+            processes.extend(procs)
+        return NvmlReading(self._status, tuple(gpus), tuple(processes), self._calls - before)
+
+    def _try_init(self) -> bool:
+        now = self._clock()
+        if self._init_failed_at is not None and now - self._init_failed_at < self.init_retry_s:
+            return False
+        ok = self._init()
+        self._init_failed_at = None if ok else now
+        return ok
+
+    def _init(self) -> bool:
+        sim_error = install_simulation_from_env()
+        if sim_error is not None:
+            self._status = NvmlStatus(available=False, reason=sim_error)
+            return False
+        try:
+            import pynvml
+        except ImportError:
+            self._status = NvmlStatus(available=False, reason=BINDINGS_MISSING_REASON)
+            return False
+        self._nvml = pynvml
+        try:
+            self._init_library()
+        except pynvml.NVMLError_LibraryNotFound:
+            self._status = NvmlStatus(available=False, reason=LIBRARY_MISSING_REASON)
+            return False
+        except pynvml.NVMLError as exc:
+            self._status = NvmlStatus(available=False, reason=f"NVML initialisation failed: {exc}")
+            return False
+        except OSError as exc:  # a library that loads but is broken
+            self._status = NvmlStatus(available=False, reason=f"NVML could not be loaded: {exc}")
+            return False
+        self._initialized = True
+        try:
+            driver = _decode(self._get(("nvmlSystemGetDriverVersion", pynvml.nvmlSystemGetDriverVersion)))
+            nvml_version = _decode(self._get(("nvmlSystemGetNVMLVersion", pynvml.nvmlSystemGetNVMLVersion)))
+            cuda = self._get(
+                ("nvmlSystemGetCudaDriverVersion_v2", pynvml.nvmlSystemGetCudaDriverVersion_v2),
+                ("nvmlSystemGetCudaDriverVersion", pynvml.nvmlSystemGetCudaDriverVersion),
+            )
+            count = self._device_count()
+        except _GpuLost:  # system calls have no device; a "lost" here means the driver is unusable
+            driver = nvml_version = cuda = None
+            count = 0
+        self._status = NvmlStatus(
+            available=True,
+            driver_version=driver,
+            cuda_driver_version=format_cuda_version(cuda),
+            nvml_version=nvml_version,
+        )
+        self._devices = [self._open_device(i) for i in range(count)]
+        return True
+
+    def _init_library(self) -> None:
+        pynvml = self._nvml
+        self._calls += 1
+        try:
+            pynvml.nvmlInit()  # nvmlInitWithFlags(0)
+        except pynvml.NVMLError_FunctionNotFound:
+            self._missing.add("nvmlInitWithFlags")
+            self._calls += 1
+            self._raw("nvmlInit_v2")
+
+    def _device_count(self) -> int:
+        pynvml = self._nvml
+
+        def count_v1() -> int:
+            c_count = ctypes.c_uint()
+            self._raw("nvmlDeviceGetCount", ctypes.byref(c_count))
+            return c_count.value
+
+        count = self._get(
+            ("nvmlDeviceGetCount_v2", pynvml.nvmlDeviceGetCount), ("nvmlDeviceGetCount", count_v1)
+        )
+        return int(count or 0)
+
+    def _open_device(self, index: int) -> _Device:
+        pynvml = self._nvml
+        dev = _Device(index=index)
+
+        def handle_v1() -> Any:
+            handle = pynvml.c_nvmlDevice_t()
+            self._raw("nvmlDeviceGetHandleByIndex", ctypes.c_uint(index), ctypes.byref(handle))
+            return handle
+
+        try:
+            dev.handle = self._get_or_raise(
+                ("nvmlDeviceGetHandleByIndex_v2", lambda: pynvml.nvmlDeviceGetHandleByIndex(index)),
+                ("nvmlDeviceGetHandleByIndex", handle_v1),
+            )
+        except _GpuLost as exc:
+            dev.lost, dev.error = True, str(exc)
+        except pynvml.NVMLError as exc:
+            # nvidia-smi: "Unable to determine the device handle for GPU ...": unusable, like lost.
+            dev.lost, dev.error = True, f"Unable to determine the device handle: {exc}"
+        return dev
+
+    # ----------------------------------------------------------------- choke point
+    def _raw(self, symbol: str, *args: Any) -> None:
+        """Call an NVML symbol pynvml has no wrapper for (older variants); raises NVMLError."""
+        fn = self._nvml._nvmlGetFunctionPointer(symbol)
+        self._nvml._nvmlCheckReturn(fn(*args))
+
+    def _get(self, *alternatives: tuple[str, Callable[[], Any]]) -> Any:
+        """The choke point: the first alternative the driver has; any NVMLError → None (N/A).
+
+        A lost GPU raises ``_GpuLost``; a missing symbol is remembered and its fallback tried.
+        """
+        try:
+            return self._get_or_raise(*alternatives)
+        except self._nvml.NVMLError:
+            return None
+
+    def _get_or_raise(self, *alternatives: tuple[str, Callable[[], Any]]) -> Any:
+        pynvml = self._nvml
+        for symbol, call in alternatives:
+            if symbol in self._missing:
+                continue
+            self._calls += 1
+            try:
+                return call()
+            except pynvml.NVMLError_FunctionNotFound:
+                self._missing.add(symbol)
+            except pynvml.NVMLError_GpuIsLost as exc:
+                raise _GpuLost(str(exc)) from None
+        raise pynvml.NVMLError(pynvml.NVML_ERROR_FUNCTION_NOT_FOUND)
+
+    # ----------------------------------------------------------------- per device
+    def _read_device(self, dev: _Device, now: float) -> tuple[GpuInfo, tuple[GpuProcess, ...]]:
+        if dev.lost:
+            return GpuInfo(index=dev.index, lost=True, error=dev.error), ()
+        try:
+            if dev.identity is None:
+                dev.identity = self._read_identity(dev.handle)
+            if dev.slow is None or now - dev.slow_at >= self.slow_ttl:
+                dev.slow, dev.slow_at = self._read_slow(dev.handle), now
+            if dev.fast is None or now - dev.fast_at >= self.fast_ttl:
+                dev.fast = self._read_fast(dev.handle)
+                dev.processes = self._read_processes(dev, bool(dev.slow.get("mig_mode")))
+                dev.fast_at = now
+        except _GpuLost as exc:
+            dev.lost, dev.error = True, str(exc)
+            dev.identity = dev.slow = dev.fast = None
+            dev.processes = ()
+            return GpuInfo(index=dev.index, lost=True, error=dev.error), ()
+        return GpuInfo(index=dev.index, **dev.identity, **dev.slow, **dev.fast), dev.processes
+
+    def _read_identity(self, h: Any) -> dict[str, Any]:
+        pynvml = self._nvml
+        return {
+            "name": _decode(self._get(("nvmlDeviceGetName", lambda: pynvml.nvmlDeviceGetName(h)))),
+            "uuid": _decode(self._get(("nvmlDeviceGetUUID", lambda: pynvml.nvmlDeviceGetUUID(h)))),
+            "bus_id": self._bus_id(h),
+        }
+
+    def _bus_id(self, h: Any) -> str | None:
+        pynvml = self._nvml
+
+        def older(symbol: str) -> Callable[[], Any]:
+            def call() -> Any:
+                info = pynvml.nvmlPciInfo_t()
+                self._raw(symbol, h, ctypes.byref(info))
+                return info
+
+            return call
+
+        info = self._get(
+            ("nvmlDeviceGetPciInfo_v3", lambda: pynvml.nvmlDeviceGetPciInfo_v3(h)),
+            ("nvmlDeviceGetPciInfo_v2", older("nvmlDeviceGetPciInfo_v2")),
+            ("nvmlDeviceGetPciInfo", older("nvmlDeviceGetPciInfo")),
+        )
+        if info is None:
+            return None
+        # The string moved between struct versions (busIdLegacy → busId); the numbers are the last resort.
+        text = _decode(info.busId) or _decode(info.busIdLegacy)
+        if text:
+            domain, sep, rest = text.partition(":")
+            # Legacy ids have a 4-digit domain ("0000:18:00.0"); nvidia-smi prints 8 digits.
+            return f"{domain.zfill(8)}{sep}{rest}".upper() if sep else text
+        if info.domain or info.bus or info.device:
+            return f"{info.domain:08X}:{info.bus:02X}:{info.device:02X}.0"
+        return None
+
+    def _read_slow(self, h: Any) -> dict[str, Any]:
+        pynvml = self._nvml
+        get = self._get
+        persistence = get(("nvmlDeviceGetPersistenceMode", lambda: pynvml.nvmlDeviceGetPersistenceMode(h)))
+        display = get(("nvmlDeviceGetDisplayActive", lambda: pynvml.nvmlDeviceGetDisplayActive(h)))
+        ecc = get(
+            (
+                "nvmlDeviceGetTotalEccErrors",
+                lambda: pynvml.nvmlDeviceGetTotalEccErrors(
+                    h, pynvml.NVML_MEMORY_ERROR_TYPE_UNCORRECTED, pynvml.NVML_VOLATILE_ECC
+                ),
+            )
+        )
+        fan = get(("nvmlDeviceGetFanSpeed", lambda: pynvml.nvmlDeviceGetFanSpeed(h)))
+        temperature = get(
+            (
+                "nvmlDeviceGetTemperatureV",
+                lambda: pynvml.nvmlDeviceGetTemperatureV(h, pynvml.NVML_TEMPERATURE_GPU),
+            ),
+            (
+                "nvmlDeviceGetTemperature",
+                lambda: pynvml.nvmlDeviceGetTemperature(h, pynvml.NVML_TEMPERATURE_GPU),
+            ),
+        )
+        pstate = get(
+            ("nvmlDeviceGetPerformanceState", lambda: pynvml.nvmlDeviceGetPerformanceState(h)),
+            ("nvmlDeviceGetPowerState", lambda: pynvml.nvmlDeviceGetPowerState(h)),
+        )
+        limit_mw = get(
+            ("nvmlDeviceGetPowerManagementLimit", lambda: pynvml.nvmlDeviceGetPowerManagementLimit(h)),
+            ("nvmlDeviceGetEnforcedPowerLimit", lambda: pynvml.nvmlDeviceGetEnforcedPowerLimit(h)),
+        )
+        compute = get(("nvmlDeviceGetComputeMode", lambda: pynvml.nvmlDeviceGetComputeMode(h)))
+        mig = get(("nvmlDeviceGetMigMode", lambda: pynvml.nvmlDeviceGetMigMode(h)))
+        return {
+            "persistence_mode": None if persistence is None else bool(persistence),
+            "display_active": None if display is None else bool(display),
+            "ecc_volatile_uncorrected": None if ecc is None else int(ecc),
+            "fan_percent": None if fan is None else int(fan),
+            "temperature_c": None if temperature is None else int(temperature),
+            "performance_state": None if pstate is None or pstate == _PSTATE_UNKNOWN else int(pstate),
+            "power_limit_w": None if limit_mw is None else limit_mw / 1000.0,
+            "compute_mode": None if compute is None else _COMPUTE_MODES.get(int(compute)),
+            "mig_mode": None if mig is None else bool(mig[0] == pynvml.NVML_DEVICE_MIG_ENABLE),
+        }
+
+    def _read_fast(self, h: Any) -> dict[str, Any]:
+        pynvml = self._nvml
+        get = self._get
+        memory = get(
+            (
+                "nvmlDeviceGetMemoryInfo_v2",
+                lambda: pynvml.nvmlDeviceGetMemoryInfo(h, version=pynvml.nvmlMemory_v2),
+            ),
+            ("nvmlDeviceGetMemoryInfo", lambda: pynvml.nvmlDeviceGetMemoryInfo(h)),
+        )
+        util = get(("nvmlDeviceGetUtilizationRates", lambda: pynvml.nvmlDeviceGetUtilizationRates(h)))
+        power_mw = get(("nvmlDeviceGetPowerUsage", lambda: pynvml.nvmlDeviceGetPowerUsage(h)))
+        return {
+            "memory_total": None if memory is None else int(memory.total),
+            "memory_used": None if memory is None else int(memory.used),
+            "memory_free": None if memory is None else int(memory.free),
+            "memory_reserved": int(memory.reserved) if hasattr(memory, "reserved") else None,
+            "gpu_util": None if util is None else int(util.gpu),
+            "memory_util": None if util is None else int(util.memory),
+            "power_w": None if power_mw is None else power_mw / 1000.0,
+        }
+
+    # ----------------------------------------------------------------- processes
+    def _read_processes(self, dev: _Device, mig: bool) -> tuple[GpuProcess, ...]:
+        compute = self._process_list(dev, "Compute")
+        graphics = self._process_list(dev, "Graphics")
+        merged: dict[tuple[int, int | None, int | None], dict[str, Any]] = {}
+        for kind, entries in (("C", compute), ("G", graphics)):
+            for pid, used, gi, ci in entries:
+                gi_id = gi if mig and gi is not None and gi != _NOT_AVAILABLE_U32 else None
+                ci_id = ci if mig and ci is not None and ci != _NOT_AVAILABLE_U32 else None
+                key = (pid, gi_id, ci_id)
+                row = merged.get(key)
+                if row is None:
+                    merged[key] = {"type": kind, "mem": used, "gi": gi_id, "ci": ci_id}
+                else:
+                    row["type"] = "C+G" if row["type"] != kind else kind
+                    if row["mem"] is None:
+                        row["mem"] = used
+        return tuple(
+            GpuProcess(
+                gpu_index=dev.index,
+                pid=pid,
+                type=row["type"],
+                gpu_memory=row["mem"],
+                gpu_instance_id=row["gi"],
+                compute_instance_id=row["ci"],
+            )
+            for (pid, _gi, _ci), row in merged.items()
+        )
+
+    def _process_list(self, dev: _Device, kind: str) -> list[tuple[int, int | None, int | None, int | None]]:
+        pynvml = self._nvml
+        base = f"nvmlDeviceGet{kind}RunningProcesses"
+        v3 = getattr(pynvml, "c_nvmlProcessInfo_v3_t", None) or pynvml.c_nvmlProcessInfo_v2_t
+        entries = self._get(
+            (f"{base}_v3", lambda: self._read_list(dev, f"{base}_v3", v3)),
+            (f"{base}_v2", lambda: self._read_list(dev, f"{base}_v2", pynvml.c_nvmlProcessInfo_v2_t)),
+            (base, lambda: self._read_list(dev, base, _ProcessInfoV1)),
+        )
+        return entries or []
+
+    def _read_list(
+        self, dev: _Device, symbol: str, struct: type[ctypes.Structure]
+    ) -> list[tuple[int, int | None, int | None, int | None]]:
+        """One call with a buffer sized from the last refresh; the size protocol only when it grew."""
+        pynvml = self._nvml
+        fn = pynvml._nvmlGetFunctionPointer(symbol)
+        capacity = dev.proc_capacity.get(symbol, 0) * 2 + 8
+        for attempt in range(4):
+            if attempt:
+                self._calls += 1
+            buffer = (struct * capacity)()
+            count = ctypes.c_uint(capacity)
+            ret = fn(dev.handle, ctypes.byref(count), buffer)
+            if ret == pynvml.NVML_ERROR_INSUFFICIENT_SIZE:
+                capacity = count.value * 2 + 8  # processes started between the calls
+                continue
+            pynvml._nvmlCheckReturn(ret)
+            n = min(count.value, capacity)
+            dev.proc_capacity[symbol] = n
+            out: list[tuple[int, int | None, int | None, int | None]] = []
+            for entry in buffer[:n]:
+                used = int(entry.usedGpuMemory)
+                gi = getattr(entry, "gpuInstanceId", None)
+                ci = getattr(entry, "computeInstanceId", None)
+                out.append((int(entry.pid), None if used == _NOT_AVAILABLE_U64 else used, gi, ci))
+            return out
+        raise pynvml.NVMLError(pynvml.NVML_ERROR_INSUFFICIENT_SIZE)
+
+
+def read_once(**kwargs: Any) -> NvmlReading:
+    """One reading with a fresh source, closed afterwards (for ``--once``)."""
+    source = NvmlSource(**kwargs)
+    try:
+        return source.query()
+    finally:
+        source.close()
+
+
+__all__ = [
+    "BINDINGS_MISSING_REASON",
+    "CLOSED_REASON",
+    "LIBRARY_MISSING_REASON",
+    "NvmlReading",
+    "NvmlSource",
+    "format_cuda_version",
+    "install_simulation_from_env",
+    "read_once",
+]

@@ -1,0 +1,202 @@
+"""The anatomy side: for one training process, where its memory goes (reconciled against NVML), where its
+time goes, its history, its ranks, and the advisor's suggestions."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+from rich.text import Text
+from textual.app import ComposeResult
+from textual.containers import Horizontal, Vertical, VerticalScroll
+from textual.widgets import Sparkline, Static
+
+from tui import format as fmt
+from tui.sources.anatomy_source import TrainingProcess
+from tui.sources.reconcile import Reconciled, reconcile
+from tui.widgets.anatomy_text import (
+    alert_text,
+    op_group_cells,
+    op_groups_label,
+    rank_cells,
+    reconcile_note,
+    suggestion_text,
+    timing_text,
+    title_text,
+)
+from tui.widgets.bars import COMPONENT_STYLES, FULL
+from tui.widgets.line_table import LineTable
+from tui.widgets.stacked_bar import StackedBar
+from tui.widgets.text_static import TextStatic
+
+COMPONENT_COLUMNS: tuple[tuple[str, str], ...] = (
+    ("swatch", " "),
+    ("component", "Component"),
+    ("bytes", "Bytes"),
+    ("share", "Share"),
+    ("bpp", "B/param"),
+    ("expected", "Guide B/param"),
+)
+OPGROUP_COLUMNS: tuple[tuple[str, str], ...] = (
+    ("group", "Op group"),
+    ("flops", "FLOPs share"),
+    ("time", "Time share"),
+)
+RANK_COLUMNS: tuple[tuple[str, str], ...] = (
+    ("mark", " "),
+    ("rank", "Rank"),
+    ("pid", "PID"),
+    ("device", "Device"),
+    ("step", "Step"),
+    ("peak", "Peak"),
+    ("step_s", "Step time"),
+    ("state", "State"),
+)
+
+EMPTY_HINT = (
+    "No training process publishes its anatomy.\n\n"
+    "In the training script:\n"
+    "    import anatomy\n"
+    "    tracker = anatomy.track(model, optimizer)\n"
+    "    with tracker.step(samples=batch_size): ...\n"
+    "or pass anatomy.AnatomyCallback() to a Hugging Face Trainer."
+)
+
+
+def component_cells(rec: Reconciled) -> dict[str, tuple[Text, ...]]:
+    rows: dict[str, tuple[Text, ...]] = {}
+    for row in rec.rows:
+        measured = row.bytes is not None
+        rows[row.component.value] = (
+            Text(FULL * 2, style=COMPONENT_STYLES[row.component]),
+            Text(row.component.label),
+            Text(
+                fmt.fmt_bytes(row.bytes, fmt.UNMEASURED),
+                justify="right",
+                style="" if measured else "bright_black",
+            ),
+            Text(fmt.fmt_share(row.share, na="") if measured else "", justify="right"),
+            Text(
+                fmt.fmt_bytes_per_param(row.bytes_per_param, "" if not measured else fmt.NA), justify="right"
+            ),
+            Text(
+                fmt.fmt_bytes_per_param(row.expected_bytes_per_param, "—"),
+                justify="right",
+                style="bright_black",
+            ),
+        )
+    return rows
+
+
+def _table(columns: Sequence[tuple[str, str]], right: Sequence[str] = (), **kwargs: Any) -> LineTable:
+    return LineTable([(key, label, "right" if key in right else "left") for key, label in columns], **kwargs)
+
+
+class AnatomyPane(VerticalScroll):
+    """``show(process, group, nvml_bytes)``; ``process`` None shows how to start publishing."""
+
+    can_focus = True
+
+    def __init__(self, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.process: TrainingProcess | None = None
+        self.reconciled: Reconciled | None = None
+        self.hint: str | None = None
+
+    def _update(self, selector: str, content: Text | str) -> None:
+        self.query_one(selector, TextStatic).show_text(content)
+
+    def compose(self) -> ComposeResult:
+        yield Static(Text(EMPTY_HINT), id="anatomy-empty")
+        with Vertical(id="anatomy-body"):
+            yield TextStatic(id="anatomy-hint")
+            yield TextStatic(id="anatomy-title")
+            yield TextStatic(id="anatomy-alert")
+            yield StackedBar(id="anatomy-bar")
+            yield _table(COMPONENT_COLUMNS, ("bytes", "share", "bpp", "expected"), id="anatomy-components")
+            yield TextStatic(id="anatomy-reconcile")
+            yield Static(Text("Step time", style="bold"), classes="section")
+            yield TextStatic(id="anatomy-timing")
+            yield TextStatic(id="anatomy-opgroups-label", classes="section")
+            yield _table(OPGROUP_COLUMNS, id="anatomy-opgroups")
+            with Horizontal(id="anatomy-history"):
+                with Vertical(classes="spark"):
+                    yield TextStatic(id="spark-memory-label", classes="spark-label")
+                    yield Sparkline([], id="spark-memory")
+                with Vertical(classes="spark"):
+                    yield TextStatic(id="spark-step-label", classes="spark-label")
+                    yield Sparkline([], id="spark-step")
+            yield Static(Text("Ranks", style="bold"), classes="section ranks")
+            yield _table(
+                RANK_COLUMNS, ("rank", "pid", "step", "peak", "step_s"), id="anatomy-ranks", classes="ranks"
+            )
+            yield Static(Text("Suggestions", style="bold"), classes="section")
+            yield TextStatic(id="anatomy-suggestions")
+
+    def on_mount(self) -> None:
+        self.show(None, (), None)
+
+    def show(
+        self,
+        process: TrainingProcess | None,
+        group: Sequence[TrainingProcess],
+        nvml_bytes: int | None,
+        hint: str | None = None,
+    ) -> None:
+        self.process = process
+        self.hint = hint
+        self.set_class(process is None, "-empty")
+        if process is None:
+            self.reconciled = None
+            return
+        snap = process.snapshot
+        hint_widget = self.query_one("#anatomy-hint", TextStatic)
+        hint_widget.display = hint is not None
+        self._update("#anatomy-hint", Text(hint or "", style="italic bright_black"))
+        self._update("#anatomy-title", title_text(process))
+        alert = alert_text(process)
+        alert_widget = self.query_one("#anatomy-alert", TextStatic)
+        alert_widget.display = alert is not None
+        alert_widget.set_class(process.state == "oom", "-oom")
+        self._update("#anatomy-alert", alert if alert is not None else "")
+
+        rec = reconcile(process.hello, snap, nvml_bytes) if snap is not None else None
+        self.reconciled = rec
+        bar = self.query_one(StackedBar)
+        bar.set_segments([(r.component, r.bytes or 0) for r in rec.rows] if rec is not None else [])
+        cells = component_cells(rec) if rec is not None else {}
+        self.query_one("#anatomy-components", LineTable).set_rows(list(cells.items()))
+        self._update(
+            "#anatomy-reconcile",
+            reconcile_note(rec) if rec is not None else Text("no snapshot yet", style="bright_black"),
+        )
+        self._update("#anatomy-timing", timing_text(snap))
+        groups = op_group_cells(snap)
+        opgroups = self.query_one("#anatomy-opgroups", LineTable)
+        opgroups.display = bool(groups)
+        self._update("#anatomy-opgroups-label", op_groups_label(snap))
+        opgroups.set_rows(list(groups.items()))
+
+        self._history(process)
+        multi = [p for p in group if p.hello is not None and (p.hello.world_size or 1) > 1]
+        self.set_class(len(multi) > 1, "-ranks")
+        ranks = sorted(multi, key=lambda p: (p.rank if p.rank is not None else 1 << 30, p.pid))
+        self.query_one("#anatomy-ranks", LineTable).set_rows(
+            [(str(p.pid), rank_cells(p, process.pid)) for p in ranks] if len(multi) > 1 else []
+        )
+        self._update("#anatomy-suggestions", suggestion_text(snap.suggestions if snap is not None else ()))
+
+    def _history(self, process: TrainingProcess) -> None:
+        memory = [float(v) for v in process.memory_history]
+        steps = [float(v) for v in process.step_time_history]
+        mem_label = Text("Memory ", style="bold")
+        mem_label.append(fmt.fmt_bytes(memory[-1] if memory else None), style="bright_black")
+        step_label = Text("Step time ", style="bold")
+        step_label.append(fmt.fmt_seconds(steps[-1] if steps else None), style="bright_black")
+        self._update("#spark-memory-label", mem_label)
+        self._update("#spark-step-label", step_label)
+        # Sparkline redraws only when its data is re-assigned: assign only when it changed.
+        for spark_id, data in (("#spark-memory", memory), ("#spark-step", steps)):
+            spark = self.query_one(spark_id, Sparkline)
+            if list(spark.data or []) != data:
+                spark.data = data

@@ -1,0 +1,190 @@
+"""Text blocks of the anatomy pane (title, alert, op groups, timing, suggestions), built from the
+protocol's objects. Pure functions: every untrusted string (model class, OOM text, advisor text) is
+wrapped in ``Text`` and never parsed as markup."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from rich.text import Text
+
+from anatomy.protocol import Hello, OpGroupStat, Snapshot, Suggestion
+from anatomy.vocabulary import OpGroup, Source
+from tui import format as fmt
+from tui.sources.anatomy_source import TrainingProcess
+from tui.sources.reconcile import TOTAL_NVML, TOTAL_PEAK, TOTAL_RESERVED, Reconciled
+from tui.widgets.bars import meter
+
+STATE_BADGES: dict[str, tuple[str, str]] = {
+    "live": ("LIVE", "bold green"),
+    "oom": ("OOM", "bold reverse red"),
+    "exited": ("EXITED", "bold bright_black"),
+    "error": ("ERROR", "bold yellow"),
+}
+SOURCE_STYLES: dict[str, str] = {
+    Source.MEASURED.value: "green",
+    Source.PREDICTED.value: "yellow",
+    Source.GUIDE.value: "cyan",
+}
+_TOTAL_LABELS = {
+    TOTAL_NVML: "NVML's figure for this process",
+    TOTAL_RESERVED: "the allocator's reserved bytes",
+    TOTAL_PEAK: "the step's measured peak",
+}
+
+
+def title_text(process: TrainingProcess) -> Text:
+    hello, snap = process.hello, process.snapshot
+    badge, style = STATE_BADGES.get(process.state, (process.state.upper(), "bold"))
+    text = Text()
+    text.append(f" {badge} ", style=style)
+    text.append(f" PID {process.pid}", style="bold")
+    if hello is not None:
+        text.append("  ")
+        text.append(Text(hello.model_class, style="bold cyan"))
+        if hello.world_size and hello.world_size > 1 and hello.rank is not None:
+            text.append(f"  rank {hello.rank}/{hello.world_size}", style="cyan")
+        details = [
+            f"{fmt.fmt_count(hello.parameter_count)} params",
+            hello.precision,
+            hello.optimizer,
+            hello.device,
+        ]
+        text.append("\n")
+        text.append(Text(" · ".join(details), style="bright_black"))
+    if snap is not None:
+        text.append(f" · step {snap.step}", style="bright_black")
+    return text
+
+
+def alert_text(process: TrainingProcess) -> Text | None:
+    """The OOM exception, the reason a reader was dropped, or the hook's own degradation."""
+    if process.state == "oom" or process.oom:
+        text = Text("OOM ", style="bold reverse red")
+        text.append(" ")
+        text.append(Text(process.oom or "out of memory", style="red"))
+        text.append("\nlast anatomy before the process died", style="bright_black")
+        return text
+    if process.state == "exited":
+        return Text("process exited — its last anatomy is shown", style="bright_black")
+    if process.error:
+        text = Text("error: ", style="bold yellow")
+        text.append(Text(process.error))
+        return text
+    return None
+
+
+def reconcile_note(rec: Reconciled) -> Text:
+    text = Text()
+    text.append("Total ", style="bright_black")
+    text.append(fmt.fmt_bytes(rec.total), style="bold")
+    if rec.reconciles:
+        text.append(f"  ✓ rows sum to {_TOTAL_LABELS.get(rec.total_source, 'the total')}", style="green")
+    elif rec.note:
+        text.append("  ")
+        text.append(Text(rec.note, style="yellow"))
+    return text
+
+
+def _shares(groups: dict[str, OpGroupStat], attr: str) -> dict[str, float | None]:
+    values = {k: getattr(v, attr) for k, v in groups.items()}
+    total = sum(v for v in values.values() if v is not None)
+    return {k: (v / total if v is not None and total > 0 else None) for k, v in values.items()}
+
+
+def op_group_cells(snapshot: Snapshot | None, width: int = 10) -> dict[str, tuple[Text, Text, Text]]:
+    """Row key (OpGroup value) -> (label, FLOPs share meter, time share meter)."""
+    groups = snapshot.op_groups if snapshot is not None else None
+    if not groups:
+        return {}
+    flops, times = _shares(groups, "flops"), _shares(groups, "time_s")
+    rows: dict[str, tuple[Text, Text, Text]] = {}
+    for group in OpGroup:
+        if group.value not in groups:
+            continue
+        f, t = flops.get(group.value), times.get(group.value)
+        f_cell = meter(f, width, "blue")
+        f_cell.append(f" {fmt.fmt_share(f):>6}")
+        t_cell = meter(t, width, "magenta")
+        t_cell.append(f" {fmt.fmt_share(t):>6}")
+        rows[group.value] = (Text(group.label), f_cell, t_cell)
+    return rows
+
+
+def op_groups_label(snapshot: Snapshot | None) -> Text:
+    text = Text("Op groups", style="bold")
+    if snapshot is None or not snapshot.op_groups:
+        text.append("  not sampled yet", style="bright_black")
+    elif snapshot.op_groups_step is not None:
+        text.append(f"  sampled at step {snapshot.op_groups_step}", style="bright_black")
+    return text
+
+
+def timing_text(snapshot: Snapshot | None) -> Text:
+    text = Text()
+    if snapshot is None:
+        return Text("no step measured yet", style="bright_black")
+    timing = snapshot.timing
+    text.append("Step ", style="bright_black")
+    text.append(fmt.fmt_seconds(timing.step_s), style="bold")
+    parts = (("fwd", timing.forward_s), ("bwd", timing.backward_s), ("opt", timing.optimizer_s))
+    for name, value in parts:
+        text.append(f"  {name} ", style="bright_black")
+        text.append(fmt.fmt_seconds(value))
+        if value is not None and timing.step_s:
+            text.append(f" ({fmt.fmt_share(value / timing.step_s, 0)})", style="bright_black")
+    text.append("\n")
+    text.append(fmt.fmt_rate(timing.samples_per_s, "samples"))
+    text.append(" · ", style="bright_black")
+    text.append(fmt.fmt_rate(timing.tokens_per_s, "tokens"))
+    text.append(" · MFU ", style="bright_black")
+    text.append(fmt.fmt_share(snapshot.mfu), style="bold")
+    if snapshot.achieved_tflops is not None:
+        text.append(f" ({fmt.fmt_tflops(snapshot.achieved_tflops)})", style="bright_black")
+    if snapshot.peak_bytes is not None:
+        text.append("\nPeak ", style="bright_black")
+        text.append(fmt.fmt_bytes(snapshot.peak_bytes), style="bold")
+        if snapshot.peak_phase:
+            text.append(f" in {snapshot.peak_phase}", style="bright_black")
+    if snapshot.grad_accum_steps > 1:
+        text.append(f" · grad accumulation ×{snapshot.grad_accum_steps}", style="bright_black")
+    return text
+
+
+def suggestion_text(suggestions: Sequence[Suggestion]) -> Text:
+    if not suggestions:
+        return Text("no suggestions", style="bright_black")
+    text = Text()
+    for i, s in enumerate(suggestions, start=1):
+        if i > 1:
+            text.append("\n")
+        text.append(f"{i}. ", style="bold")
+        text.append(Text(s.title, style="bold"))
+        if s.saving_bytes is not None:
+            text.append(" — saves ", style="bright_black")
+            text.append(fmt.fmt_bytes(s.saving_bytes), style="green")
+        if s.speed_factor is not None:
+            text.append(f" · ×{s.speed_factor:.2f} speed", style="bright_black")
+        text.append(" · ", style="bright_black")
+        text.append(Text(s.source, style=SOURCE_STYLES.get(s.source, "")))
+        if s.detail:
+            text.append("\n   ")
+            text.append(Text(s.detail, style="bright_black"))
+    return text
+
+
+def rank_cells(process: TrainingProcess, selected_pid: int | None) -> tuple[Text, ...]:
+    hello: Hello | None = process.hello
+    snap = process.snapshot
+    marker = Text("▶", style="bold cyan") if process.pid == selected_pid else Text("")
+    badge, style = STATE_BADGES.get(process.state, (process.state, ""))
+    return (
+        marker,
+        Text(str(hello.rank) if hello is not None and hello.rank is not None else fmt.NA, justify="right"),
+        Text(str(process.pid), justify="right"),
+        Text(hello.device if hello is not None else fmt.NA),
+        Text(str(snap.step) if snap is not None else fmt.NA, justify="right"),
+        Text(fmt.fmt_bytes(snap.peak_bytes if snap is not None else None), justify="right"),
+        Text(fmt.fmt_seconds(snap.timing.step_s if snap is not None else None), justify="right"),
+        Text(badge, style=style),
+    )

@@ -1,0 +1,147 @@
+"""The process list's rows: NVML's GPU processes merged with the training processes that publish their
+anatomy (a publisher that holds no GPU memory, or runs where NVML is missing, still gets a row), plus
+sorting and filtering. Pure functions, no Textual, so they are cheap to test."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from tui.sources.anatomy_source import TrainingProcess
+from tui.sources.model import GpuProcess, MachineSnapshot
+
+
+@dataclass(frozen=True)
+class ProcessRow:
+    key: str
+    pid: int
+    gpu_index: int | None = None
+    type: str = "-"
+    gpu_memory: int | None = None
+    user: str | None = None
+    command: str | None = None
+    cpu_percent: float | None = None
+    host_rss: int | None = None
+    running_time_s: float | None = None
+    alive: bool = True
+    training_state: str | None = None  # None: does not publish its anatomy
+    rank: int | None = None
+
+    @property
+    def publishes(self) -> bool:
+        return self.training_state is not None
+
+
+@dataclass(frozen=True)
+class SortColumn:
+    key: str
+    label: str
+
+
+SORT_COLUMNS: tuple[SortColumn, ...] = (
+    SortColumn("gpu_memory", "GPU MEM"),
+    SortColumn("cpu_percent", "CPU%"),
+    SortColumn("host_rss", "HOST MEM"),
+    SortColumn("running_time_s", "TIME"),
+    SortColumn("pid", "PID"),
+    SortColumn("gpu_index", "GPU"),
+    SortColumn("user", "USER"),
+    SortColumn("command", "COMMAND"),
+)
+SORT_KEYS: tuple[str, ...] = tuple(c.key for c in SORT_COLUMNS)
+# Numbers read best largest first; names alphabetically.
+_DESCENDING_BY_DEFAULT = {"gpu_memory", "cpu_percent", "host_rss", "running_time_s"}
+
+
+def row_key(gpu_index: int | None, pid: int) -> str:
+    return f"host:{pid}" if gpu_index is None else f"gpu{gpu_index}:{pid}"
+
+
+def build_rows(
+    machine: MachineSnapshot | None,
+    training: Sequence[TrainingProcess],
+    host_figures: Mapping[int, GpuProcess] | None = None,
+) -> list[ProcessRow]:
+    """One row per (GPU, PID) from NVML, then one per publishing PID that NVML does not list.
+    ``host_figures`` supplies user/command/CPU/RSS for those extra PIDs where the caller looked them up."""
+    by_pid = {t.pid: t for t in training if t.pid > 0}
+    rows: list[ProcessRow] = []
+    seen: set[int] = set()
+    for p in machine.processes if machine is not None else ():
+        t = by_pid.get(p.pid)
+        rows.append(_from_gpu_process(row_key(p.gpu_index, p.pid), p, t))
+        seen.add(p.pid)
+    figures = host_figures or {}
+    for pid, t in sorted(by_pid.items()):
+        if pid in seen:
+            continue
+        host = figures.get(pid)
+        if host is not None:
+            rows.append(_from_gpu_process(row_key(None, pid), host, t, on_gpu=False))
+        else:
+            alive = t.state not in ("exited", "oom")
+            rows.append(
+                ProcessRow(
+                    key=row_key(None, pid),
+                    pid=pid,
+                    alive=alive,
+                    training_state=t.state,
+                    rank=t.rank,
+                    command=t.hello.model_class if t.hello is not None else None,
+                )
+            )
+    return rows
+
+
+def _from_gpu_process(key: str, p: GpuProcess, t: TrainingProcess | None, on_gpu: bool = True) -> ProcessRow:
+    return ProcessRow(
+        key=key,
+        pid=p.pid,
+        gpu_index=p.gpu_index if on_gpu else None,
+        type=p.type if on_gpu else "-",
+        gpu_memory=p.gpu_memory if on_gpu else None,
+        user=p.user,
+        command=p.command or p.name,
+        cpu_percent=p.cpu_percent,
+        host_rss=p.host_rss,
+        running_time_s=p.running_time_s,
+        alive=p.alive,
+        training_state=t.state if t is not None else None,
+        rank=t.rank if t is not None else None,
+    )
+
+
+def matches(row: ProcessRow, needle: str) -> bool:
+    """Case-insensitive substring of the command, the user or the PID."""
+    if not needle:
+        return True
+    needle = needle.casefold()
+    return any(needle in field.casefold() for field in (row.command or "", row.user or "", str(row.pid)))
+
+
+def filter_rows(rows: Iterable[ProcessRow], needle: str) -> list[ProcessRow]:
+    return [r for r in rows if matches(r, needle)]
+
+
+def sort_rows(rows: Iterable[ProcessRow], column: str, reverse: bool = False) -> list[ProcessRow]:
+    """Sort by ``column``; N/A values go last whatever the direction; ties by GPU then PID."""
+    descending = (column in _DESCENDING_BY_DEFAULT) != reverse
+    present = [r for r in rows if getattr(r, column) is not None]
+    missing = [r for r in rows if getattr(r, column) is None]
+
+    def tie(r: ProcessRow) -> tuple[int, int]:
+        return (r.gpu_index if r.gpu_index is not None else 1 << 30, r.pid)
+
+    present.sort(key=tie)
+    present.sort(key=lambda r: _sortable(getattr(r, column)), reverse=descending)
+    missing.sort(key=tie)
+    return present + missing
+
+
+def _sortable(value: Any) -> Any:
+    return value.casefold() if isinstance(value, str) else value
+
+
+def default_descending(column: str) -> bool:
+    return column in _DESCENDING_BY_DEFAULT

@@ -1,0 +1,41 @@
+"""One stacked bar of where a process's memory goes: a single widget, one colour per component."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from rich.text import Text
+from textual.reactive import reactive
+from textual.widget import Widget
+
+from anatomy.vocabulary import Component
+from tui.widgets.bars import COMPONENT_STYLES, FULL, split_cells
+
+Segment = tuple[Component, int]
+
+
+class StackedBar(Widget):
+    """Renders ``segments`` (component, bytes) as block characters across its width. Components with
+    no bytes (or unmeasured ones, which callers leave out) take no room."""
+
+    DEFAULT_CSS = """
+    StackedBar { height: 1; width: 1fr; }
+    """
+
+    segments: reactive[tuple[Segment, ...]] = reactive((), layout=False)
+
+    def set_segments(self, segments: Sequence[Segment]) -> None:
+        value = tuple((c, int(b)) for c, b in segments if b and b > 0)
+        if value != self.segments:
+            self.segments = value
+
+    def render(self) -> Text:
+        width = self.size.width
+        if not self.segments:
+            return Text("no memory measured yet", style="bright_black")
+        cells = split_cells([b for _, b in self.segments], width)
+        text = Text()
+        for (component, _), n in zip(self.segments, cells, strict=True):
+            if n:
+                text.append(FULL * n, style=COMPONENT_STYLES[component])
+        return text
