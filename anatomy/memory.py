@@ -404,9 +404,13 @@ class CudaAllocator:
         )
 
 
+# torch.OutOfMemoryError from torch 2.5 on; torch.cuda.OutOfMemoryError (the same class) before.
+_OOM_ERROR: type[BaseException] = getattr(torch, "OutOfMemoryError", None) or torch.cuda.OutOfMemoryError
+
+
 def is_oom(exc: BaseException) -> bool:
     """torch's OutOfMemoryError, Python's MemoryError, or any error whose text says it ran out."""
-    if isinstance(exc, (torch.OutOfMemoryError, MemoryError)):
+    if isinstance(exc, (_OOM_ERROR, MemoryError)):
         return True
     text = str(exc).lower()
     return "out of memory" in text or "can't allocate memory" in text

@@ -21,8 +21,11 @@ Target device. ``target="cpu"`` reproduces a CPU run exactly (the fake tensors a
 accuracy tests compare against real CPU runs). ``target="cuda"`` (the default) models what CUDA kernels
 keep instead: dropout keeps a 1-byte mask (``native_dropout``) rather than CPU's float noise tensor,
 attention runs the fused memory-efficient kernel (saves the output and a logsumexp row, not the
-seq x seq probabilities), allocations are rounded to the caching allocator's 512-byte blocks, AdamW is
-torch's default foreach implementation, plus the guide's CUDA context figure and an allocator headroom.
+seq x seq probabilities; ``fused_attention=False`` models unfused attention), mixed precision follows
+CUDA autocast's float32 policy for softmax / log_softmax / layer_norm, allocations are rounded to the
+caching allocator's 512-byte blocks, AdamW is torch's default foreach implementation (or
+``optimizer_impl``), plus the guide's CUDA context figure and an allocator headroom calibrated on the
+guide's four BERT-large runs (which the plan reproduces within 11%: tests/plan/test_plan_guide.py).
 
 Steady state. The plan is of a step after the first: optimizer states exist before forward, and
 gradients are set to None between steps (zero_grad's default). With gradient accumulation a second
@@ -40,6 +43,7 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import functools
 import math
 import threading
 import time
@@ -793,6 +797,8 @@ class PlanResult:
                 "grad_accum": s.grad_accum,
                 "target": s.target,
                 "keep_outputs": s.keep_outputs,
+                "fused_attention": s.fused_attention,
+                "optimizer_impl": s.optimizer_impl,
             },
             "parameter_count": self.parameter_count,
             "trainable_parameters": self.trainable_parameters,
@@ -845,7 +851,8 @@ class Planner:
                 with torch.device("meta"), warnings_off():
                     model = build_model(self.config, self.task)
             except Exception as exc:
-                raise PlanError(f"could not build {self.name}: {type(exc).__name__}: {exc}") from None
+                first = (str(exc).strip().splitlines() or [""])[0][:300]
+                raise PlanError(f"could not build {self.name}: {type(exc).__name__}: {first}") from None
             self._states = model_states(model, self.config)
         return self._states
 
@@ -881,9 +888,10 @@ class Planner:
         except PlanError:
             raise
         except Exception as exc:
+            first = (str(exc).strip().splitlines() or [""])[0][:300]
             raise PlanError(
                 f"could not run a fake training step of {self.name} ({self.task}): "
-                f"{type(exc).__name__}: {str(exc)[:300]}"
+                f"{type(exc).__name__}: {first}"
             ) from None
 
     def plan(
@@ -1058,8 +1066,10 @@ def resolve_gpu(gpu: str | None, gpu_bytes: int | None = None) -> tuple[str | No
     return gpus.DEFAULT_GPU, gpus.GPU_MEMORY[gpus.DEFAULT_GPU], "default (the guide's GPU; pass --gpu)"
 
 
+@functools.lru_cache(maxsize=1)
 def nvml_gpu() -> tuple[str, int] | None:
-    """Name and total memory of GPU 0 from NVML, or None when there is no driver. Never raises."""
+    """Name and total memory of GPU 0 from NVML, or None when there is no driver. Never raises.
+    Read once per process: a plan with its technique table resolves the GPU many times."""
     try:
         import pynvml
 
@@ -1149,11 +1159,13 @@ def technique_table(
 def best_combination(
     planner: Planner, settings: PlanSettings, gpu: str | None = None, gpu_bytes: int | None = None
 ) -> TechniqueRow | None:
-    """The combination that fits with the best guide speed factor (ties: the least memory)."""
+    """The combination that fits with the best guide speed factor (a technique without a guide figure
+    counts as 1.0); ties go to fewer techniques, then to less memory. The baseline itself is a
+    candidate: when it fits, nothing slower is recommended."""
     singles = dict(_single_techniques(settings))
     keys = list(singles)
     candidates: list[TechniqueRow] = []
-    for mask in range(1, 1 << len(keys)):
+    for mask in range(1 << len(keys)):
         chosen = tuple(k for i, k in enumerate(keys) if mask >> i & 1)
         if techniques.ADAMW_8BIT in chosen and techniques.ADAFACTOR in chosen:
             continue
@@ -1169,15 +1181,18 @@ def best_combination(
             else:
                 variant = replace(variant, optimizer=single.optimizer)
         result = planner.plan(variant, gpu, gpu_bytes)
-        factor = techniques.combined_speed_factor(chosen)
+        factor = techniques.combined_speed_factor(chosen) if chosen else 1.0
+        names = " + ".join(techniques.TECHNIQUES[k].label for k in chosen) or "baseline as is"
         candidates.append(
             TechniqueRow(
-                "best combination: " + " + ".join(techniques.TECHNIQUES[k].label for k in chosen),
+                "best combination: " + names,
                 chosen,
                 variant,
                 result,
                 factor,
-                "product of guide factors (estimate)" if factor is not None else "no guide figure",
+                ("product of guide factors (estimate)" if chosen else "baseline")
+                if factor is not None
+                else "no guide figure",
             )
         )
     fitting = [c for c in candidates if c.fits]
@@ -1187,6 +1202,7 @@ def best_combination(
         fitting,
         key=lambda c: (
             c.speed_factor if c.speed_factor is not None else 1.0,
+            -len(c.keys),
             -(c.result.total_bytes if c.result else 0),
         ),
     )

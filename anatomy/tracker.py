@@ -10,6 +10,16 @@ Every step measures cheaply (saved-tensor counting in the forward, a heap or all
 each phase boundary, a clock mark); weights, gradients and optimizer states are re-summed on the
 first steps and then once every ``sample_every`` steps, when the op-group profiler also runs.
 
+What a snapshot's numbers mean: weights (parameters + buffers, plus autocast's low-precision weight
+copies), optimizer states and gradients are exact tensor sums; activations are the bytes saved for
+backward by one forward (the largest micro-batch); each is at its own peak. ``peak_bytes`` is the
+step's measured peak — on CUDA the caching allocator's peak allocated bytes; on CPU the named tensors
+held at the step's start plus the heap's largest growth during the step (read at the phase
+boundaries, and after every op on sampled steps), the rest of the heap left out — and
+``peak_phase`` where it happened. Temporaries are what that peak holds beyond the named tensors alive
+in its phase; unattributed is what was allocated at the step's start besides them (on CPU: the rest
+of the heap — Python, libraries, the batch).
+
 Nothing raised in here reaches the training loop: a failing measurement is logged once, becomes
 unmeasured (None) and the snapshot's ``error`` says why. Only the user's own exceptions propagate.
 """
@@ -23,6 +33,7 @@ import statistics
 import time
 from collections import deque
 from collections.abc import Mapping
+from dataclasses import replace
 from pathlib import Path
 from typing import Any, Literal
 
@@ -70,6 +81,7 @@ from anatomy.vocabulary import (
 log = logging.getLogger("anatomy")
 
 HISTORY_LENGTH = 120
+TRACE_EVERY = 5  # the CPU heap trace runs on one sampled step in this many
 WARMUP_REFRESH_STEPS = 3  # weights/gradients/optimizer states re-summed on every one of the first steps
 _MAX_TEXT = 4000  # protocol strings are capped at 4096
 
@@ -234,10 +246,13 @@ class Tracker:
         self._acts_known: int | None = None
         self._copies_known = 0
         self._acts_shape: tuple[int, ...] | None = None
-        self._acts_time = float("-inf")
+        self._acts_index = -1
+        self._retrace = False
         self._traced: tuple[int, Phase, int] | None = None  # heap peak growth, its phase, temporaries
         self._autocast_dtype: torch.dtype | None = None
         self._grad_scaler = False
+        self._oom_recorded: int | None = None
+        self._oom_path: Path | None = None
         if not enabled:
             return
         try:
@@ -251,19 +266,13 @@ class Tracker:
     def _setup(self, model: torch.nn.Module, optimizer: Any) -> None:
         params = list(model.parameters())
         self._params = params
-        self._device = params[0].device if params else torch.device("cpu")
-        self._cuda = self._device.type == "cuda"
         self._param_count = parameter_count(model)
         self._param_dtype = dominant_dtype(model)
         self._counter = SavedTensorCounter(params)
+        self._device = torch.device("meta")  # set by _use_device below
+        self._cuda = self._cuda_events = False
         self._heap: HostHeap | None = None
         self._allocator: CudaAllocator | None = None
-        if self._cuda:
-            self._allocator = CudaAllocator(self._device)
-        else:
-            self._heap = HostHeap()
-            if not self._heap.available:
-                self._disabled.add("heap")
         self._refresh_weights()
         self._grad_bytes = gradient_bytes(params)
         self._opt_bytes = 0
@@ -313,6 +322,24 @@ class Tracker:
         candidates = trainable or self._params
         self._probe_param = candidates[0] if candidates else None
         self._probe_ptr = self._probe_param.data_ptr() if self._probe_param is not None else 0
+        device = self._probe_param.device if self._probe_param is not None else torch.device("cpu")
+        if device != self._device:
+            self._use_device(device)
+
+    def _use_device(self, device: torch.device) -> None:
+        """Measure on this device: the caching allocator's statistics on CUDA, else glibc's heap."""
+        self._device = device
+        self._cuda = device.type == "cuda"
+        self._cuda_events = self._cuda  # phase times from CUDA events, else the host clock
+        self._hello = None
+        if self._cuda:
+            self._allocator, self._heap = CudaAllocator(device), None
+            return
+        self._allocator = None
+        if self._heap is None:
+            self._heap = HostHeap()
+            if not self._heap.available:
+                self._disabled.add("heap")
 
     # -- failure handling -------------------------------------------------------------------------
 
@@ -359,7 +386,8 @@ class Tracker:
             index = self._steps_done
             if self._probe_param is not None and self._probe_param.data_ptr() != self._probe_ptr:
                 self._refresh_weights()  # the model moved (.to(), a new device) since the last look
-            rec = _Step(index, auto, samples, tokens, StepClock(cuda=self._cuda and self._ok("timing")))
+            clock = StepClock(cuda=self._cuda_events and self._ok("timing"))
+            rec = _Step(index, auto, samples, tokens, clock)
             self._step = rec
             rec.opt_begin = self._opt_bytes
             probe = self._probe_param
@@ -373,7 +401,8 @@ class Tracker:
             if self._sample_due(index):
                 if self._ok("op_groups"):
                     self._start_profiler(rec)
-                self._start_heap_trace(rec)
+                if self._trace_due(index):
+                    self._start_heap_trace(rec)
         except Exception as exc:
             self._fail("step", exc)
 
@@ -386,6 +415,14 @@ class Tracker:
             return False
         return index == 1 or index % self.sample_every == 0
 
+    def _trace_due(self, index: int) -> bool:
+        """The per-op heap trace (CPU) costs about as much as the op-group profiler; the peak it finds
+        changes only with the shapes, so it runs on the first sampled step, after an input shape
+        change, and on every TRACE_EVERY-th sampled step."""
+        if self._traced is None or self._retrace:
+            return True
+        return index % (self.sample_every * TRACE_EVERY) == 0
+
     def _start_heap_trace(self, rec: _Step) -> None:
         if self._heap is None or self._cuda or not self._ok("heap") or not self._ok("heap_trace"):
             return
@@ -394,6 +431,7 @@ class Tracker:
             mode.phase = Phase.OTHER
             mode.__enter__()
             rec.heap_mode = mode
+            self._retrace = False
             rec.profiled = True
         except Exception as exc:
             self._fail("heap_trace", exc)
@@ -513,14 +551,20 @@ class Tracker:
 
     def _count_due(self, rec: _Step, shape: tuple[int, ...] | None) -> bool:
         """Count saved tensors on this forward? Packing costs a few microseconds per saved tensor, so
-        they are counted on the first steps, whenever the input shape changes, and otherwise at most
-        once per publish interval (the same shapes save the same bytes)."""
+        they are counted on the first steps, whenever the input shape changes, and otherwise about
+        once per publish interval (the same shapes save the same bytes). The interval is counted in
+        steps of the run's own median duration, so time the process spends elsewhere (evaluation,
+        checkpointing) does not make counting more frequent."""
         first_steps = rec.index < WARMUP_REFRESH_STEPS
         if rec.counting or first_steps or shape != self._acts_shape:
             rec.counting = True
         else:
-            rec.counting = time.monotonic() - self._acts_time >= self.interval_s
+            step_s = statistics.median(self._recent_step_s) if self._recent_step_s else 0.0
+            every = max(1, int(self.interval_s / step_s)) if step_s > 0 else 1
+            rec.counting = rec.index - self._acts_index >= every
         if rec.counting:
+            if shape != self._acts_shape and not first_steps:
+                self._retrace = True
             self._acts_shape = shape
         return rec.counting
 
@@ -539,7 +583,7 @@ class Tracker:
                 rec.activations = acts if rec.activations is None else max(rec.activations, acts)
                 rec.weight_copies = max(rec.weight_copies, copies)
                 self._acts_known, self._copies_known = rec.activations, rec.weight_copies
-                self._acts_time = time.monotonic()
+                self._acts_index = rec.index
                 if self._counter.weight_copy_dtype is not None:
                     self._autocast_dtype = self._counter.weight_copy_dtype
             else:  # not counted this time: the last count stands
@@ -850,7 +894,11 @@ class Tracker:
             peak_flops = _load("peaks", "peak_flops")
             if peak_flops is not None:
                 try:
-                    peak = peak_flops(torch.cuda.get_device_name(self._device), self.precision)
+                    name = torch.cuda.get_device_name(self._device)
+                    try:
+                        peak = peak_flops(name, self.precision, tf32=bool(self.hello.tf32))
+                    except TypeError:  # a peaks table without the tf32 switch
+                        peak = peak_flops(name, self.precision)
                     mfu = achieved / peak if peak else None
                 except Exception as exc:
                     self._fail("mfu", exc)
@@ -995,8 +1043,8 @@ class Tracker:
             batch_size=result.get("batch"),
         )
         suggestions = self._advise(snap)
-        if suggestions:
-            snap = _with_suggestions(snap, suggestions)
+        if suggestions or snap.error != self.error:  # the advisor's own failure shows at once
+            snap = replace(snap, suggestions=list(suggestions), error=self.error)
         return snap
 
     def _advise(self, snap: Snapshot) -> list[Suggestion]:
@@ -1044,8 +1092,10 @@ class Tracker:
 
     def _write_oom(self, exc: BaseException) -> Path | None:
         """The last snapshot, with the error text, to the OOM file. Never raises."""
-        if not self._publish:
-            return None
+        # By id: holding the exception would keep its traceback's frames (and tensors) alive.
+        if not self._publish or id(exc) == self._oom_recorded:
+            return self._oom_path  # already written for this exception (step, then tracker, exit)
+        self._oom_recorded = id(exc)
         try:
             text = f"{type(exc).__name__}: {exc}"
             snap = self._build(oom=text)
@@ -1053,9 +1103,11 @@ class Tracker:
                 return None
             pub = self._publisher_ready()
             if pub is not None:
-                return pub.write_oom(snap)
-            directory = self._directory or protocol.runtime_dir(create=True)
-            return protocol.write_oom_file(Path(directory), self.hello, snap)
+                self._oom_path = pub.write_oom(snap)
+            else:
+                directory = self._directory or protocol.runtime_dir(create=True)
+                self._oom_path = protocol.write_oom_file(Path(directory), self.hello, snap)
+            return self._oom_path
         except Exception as err:
             self._fail("oom", err)
             return None
@@ -1122,12 +1174,6 @@ class Tracker:
             self.record_oom(exc)
         self.close()
         return False
-
-
-def _with_suggestions(snap: Snapshot, suggestions: list[Suggestion]) -> Snapshot:
-    from dataclasses import replace
-
-    return replace(snap, suggestions=list(suggestions))
 
 
 def track(

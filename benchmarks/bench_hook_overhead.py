@@ -6,7 +6,9 @@ that load from anything else on the machine hits both alike; warm-up steps are e
 
 - the median step time with the hook + reader vs without (target <= 1.01x), on steps that did not
   run the op-group profiler;
-- the sampled op-group step's extra time and that cost amortized over ``sample_every`` steps;
+- the sampled step's extra time, amortized: the op-group profiler runs one step in ``sample_every``,
+  the CPU heap trace one in ``sample_every * TRACE_EVERY`` (both measured on an arm that samples
+  every step);
 - the all-in ratio (every step, profiled ones included).
 
 Usage: python benchmarks/bench_hook_overhead.py [--blocks 30] [--block-steps 5] [--layers 4]
@@ -69,8 +71,7 @@ def reader_thread(directory: Path, stop: threading.Event, received: list[int]) -
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--blocks", type=int, default=24, help="interleaved blocks")
-    ap.add_argument("--block-steps", type=int, default=4)
+    ap.add_argument("--rounds", type=int, default=100, help="rounds of one step per arm")
     ap.add_argument("--warmup", type=int, default=3)
     ap.add_argument("--threads", type=int, default=1, help="torch threads (1: steadier on a shared box)")
     ap.add_argument("--layers", type=int, default=2)
@@ -83,6 +84,7 @@ def main() -> None:
     directory = Path(tempfile.mkdtemp(prefix="anatomy-bench-"))
     os.environ["ANATOMY_TOP_DIR"] = str(directory)
     import anatomy
+    from anatomy.tracker import TRACE_EVERY
 
     g = torch.Generator().manual_seed(1)
     batch = {
@@ -90,32 +92,30 @@ def main() -> None:
         "labels": torch.randint(0, 2, (args.batch,), generator=g),
     }
     torch.set_num_threads(args.threads)
-    plain = build(args.layers, args.hidden)
-    hooked = build(args.layers, args.hidden)
-    sampled = build(args.layers, args.hidden)
-    opts = {
-        name: torch.optim.AdamW(m.parameters())
-        for name, m in (("plain", plain), ("hooked", hooked), ("sampled", sampled))
-    }
-    models = {"plain": plain, "hooked": hooked, "sampled": sampled}
-    # The arm under test: default settings, publishing, a reader connected.
-    tracker = anatomy.track(hooked, opts["hooked"], sample_every=args.sample_every)
-    # The profiled-step arm: the op-group profiler on every step (sample_every=1), not published.
-    profiling = anatomy.track(sampled, opts["sampled"], sample_every=1, publish=False)
+    # plain: the baseline; control: a second untracked copy (the A/A noise floor of this machine);
+    # hooked: default settings, publishing, a reader connected; sampled: the profiler on every step.
+    models = {name: build(args.layers, args.hidden) for name in ("plain", "control", "hooked", "sampled")}
+    opts = {name: torch.optim.AdamW(m.parameters()) for name, m in models.items()}
+    tracker = anatomy.track(models["hooked"], opts["hooked"], sample_every=args.sample_every)
+    profiling = anatomy.track(models["sampled"], opts["sampled"], sample_every=1, publish=False)
     trackers = {"hooked": tracker, "sampled": profiling}
     stop = threading.Event()
     received: list[int] = []
     reader = reader_thread(directory, stop, received)
     index = {"hooked": 0, "sampled": 0}
+    # CPU time of the training thread: immune to other processes' load (the publisher's own
+    # thread is not in it: it runs beside training, mostly in system calls).
+    cpu: dict[str, list[float]] = {name: [] for name in models}
 
     def one_step(name: str) -> float:
         model, opt = models[name], opts[name]
-        t0 = time.perf_counter()
+        t0, c0 = time.perf_counter(), time.thread_time()
         with trackers[name].step() if name in trackers else contextlib.nullcontext():
             model(**batch).loss.backward()
             opt.step()
             opt.zero_grad()
         dt = time.perf_counter() - t0
+        cpu[name].append(time.thread_time() - c0)
         if name in index:
             index[name] += 1
         return dt
@@ -126,20 +126,31 @@ def main() -> None:
     for _ in range(args.warmup):  # excluded: optimizer state allocation, allocator warm-up
         for name in models:
             one_step(name)
-    times: dict[str, list[float]] = {name: [] for name in models}
+    for name in models:
+        cpu[name].clear()
+    times: dict[str, list[float]] = {name: [] for name in [*models, "traced"]}
+    pair_ratios: dict[str, list[float]] = {"hooked": [], "control": []}
     started = time.perf_counter()
-    for block in range(args.blocks):
-        # plain and hooked every block (order alternating), the profiled arm every third block
-        order = ["plain", "hooked"] if block % 2 == 0 else ["hooked", "plain"]
-        if block % 3 == 0:
+    arms = ["plain", "control", "hooked"]
+    for r in range(args.rounds):
+        # One step of each arm per round, in rotating order: neighbours in time share the load.
+        order = arms[r % 3 :] + arms[: r % 3]
+        if r % 2 == 0:
             order.append("sampled")
+        this_round: dict[str, float] = {}
         for name in order:
-            for _ in range(args.block_steps):
-                i = index.get(name, 0)
-                dt = one_step(name)
-                if name == "hooked" and profiled(i):
-                    continue  # a profiled step of the default arm: counted via the profiled arm
-                times[name].append(dt)
+            i = index.get(name, 0)
+            dt = one_step(name)
+            if name == "hooked" and profiled(i):
+                continue  # a profiled step of the default arm: accounted through the sampled arm
+            if name == "sampled" and (i == 1 or i % TRACE_EVERY == 0):
+                times["traced"].append(dt)  # op groups + the heap trace
+                continue
+            times[name].append(dt)
+            this_round[name] = dt
+        for name in ("hooked", "control"):
+            if name in this_round:
+                pair_ratios[name].append(this_round[name] / this_round["plain"])
     elapsed = time.perf_counter() - started
     stop.set()
     reader.join(timeout=5)
@@ -150,18 +161,22 @@ def main() -> None:
     base = statistics.median(times["plain"])
     hooked_med = statistics.median(times["hooked"])
     sampled_med = statistics.median(times["sampled"])
+    traced_med = statistics.median(times["traced"])
     extra = sampled_med - hooked_med
-    amortized = extra / args.sample_every if args.sample_every > 0 else 0.0
+    extra_trace = traced_med - sampled_med
+    amortized_groups = extra / args.sample_every if args.sample_every > 0 else 0.0
+    amortized_trace = extra_trace / (args.sample_every * TRACE_EVERY) if args.sample_every > 0 else 0.0
+    amortized = amortized_groups + amortized_trace
     all_in = (hooked_med + amortized) / base
-    n_params = sum(p.numel() for p in plain.parameters()) / 1e6
+    n_params = sum(p.numel() for p in models["plain"].parameters()) / 1e6
     print(
         f"model: BERT {args.layers}x{args.hidden}, batch {args.batch}x{args.seq}, {n_params:.1f} M params, "
         f"torch threads {torch.get_num_threads()}"
     )
     print(
         f"steps: {len(times['plain'])} plain, {len(times['hooked'])} hooked, "
-        f"{len(times['sampled'])} profiled, "
-        f"interleaved in blocks of {args.block_steps}; {elapsed:.1f} s; "
+        f"{len(times['sampled'])} profiled, {len(times['traced'])} profiled+traced, "
+        f"{len(times['control'])} control, one step per arm per round; {elapsed:.1f} s; "
         f"reader received {len(received)} snapshots"
     )
     print(f"plain step (median)              : {base * 1e3:8.2f} ms")
@@ -171,12 +186,28 @@ def main() -> None:
     )
     mean_ratio = statistics.fmean(times["hooked"]) / statistics.fmean(times["plain"])
     print(f"hooked / plain (means)           : {mean_ratio:.4f}x")
+    paired = statistics.median(pair_ratios["hooked"])
+    noise = statistics.median(pair_ratios["control"])
+    print(f"hooked / plain (median of per-round ratios): {paired:.4f}x")
+    print(f"control / plain, A/A noise floor (same)     : {noise:.4f}x")
+    cpu_hooked = [t for i, t in enumerate(cpu["hooked"]) if not profiled(i)]
+    cpu_base = statistics.median(cpu["plain"])
+    print(
+        f"training-thread CPU time per step: plain {cpu_base * 1e3:.2f} ms, hooked "
+        f"{statistics.median(cpu_hooked) * 1e3:.2f} ms -> {statistics.median(cpu_hooked) / cpu_base:.4f}x; "
+        f"control {statistics.median(cpu['control']) / cpu_base:.4f}x"
+    )
     print(
         f"profiled op-group step (median)  : {sampled_med * 1e3:8.2f} ms   extra {extra * 1e3:.2f} ms "
         f"({sampled_med / hooked_med:.2f}x a hooked step)"
     )
     print(
-        f"amortized over sample_every={args.sample_every:<4}: {amortized * 1e3:8.3f} ms/step = "
+        f"profiled + heap trace (median)   : {traced_med * 1e3:8.2f} ms   extra {extra_trace * 1e3:.2f} ms "
+        f"over a profiled step"
+    )
+    print(
+        f"amortized (1/{args.sample_every} profiled, 1/{args.sample_every * TRACE_EVERY} traced): "
+        f"{amortized_groups * 1e3:.3f} + {amortized_trace * 1e3:.3f} ms/step = "
         f"{amortized / base * 100:.2f}% of a plain step"
     )
     print(f"all-in ratio at default settings : {all_in:.4f}x")

@@ -15,7 +15,7 @@ import signal
 import sys
 import time
 from collections.abc import Callable, Mapping, Sequence
-from pathlib import Path
+from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any, ClassVar, Protocol
 
 from rich.text import Text
@@ -23,6 +23,7 @@ from textual import on, work
 from textual.app import App, ComposeResult
 from textual.binding import Binding, BindingType
 from textual.containers import Horizontal, Vertical
+from textual.css.query import NoMatches
 from textual.message import Message
 from textual.timer import Timer
 from textual.widgets import Footer, Input
@@ -157,6 +158,7 @@ class AnatomyTopApp(App[int]):
         self._close_sources = close_sources
         self._host_lookup = host_lookup if host_lookup is not None else HostFigures()
         self._polling = False
+        self._prefetched: Future[Polled] | None = None
         self._timer: Timer | None = None
         self._signals_installed = False
         self.first_poll = asyncio.Event()
@@ -226,6 +228,18 @@ class AnatomyTopApp(App[int]):
 
     @work(thread=True, group="poll", exit_on_error=False)
     def _poll_worker(self) -> None:
+        prefetched, self._prefetched = self._prefetched, None
+        if prefetched is not None:
+            try:
+                polled = prefetched.result(timeout=60.0)
+            except Exception as exc:
+                polled = Polled(None, [], None, [f"first sample: {type(exc).__name__}: {exc}"])
+        else:
+            polled = self.collect()
+        self.post_message(polled)
+
+    def collect(self) -> Polled:
+        """One sample of both sources (blocking: call it off the UI thread). Never raises."""
         errors: list[str] = []
         machine: MachineSnapshot | None = None
         training: list[TrainingProcess] = []
@@ -245,7 +259,15 @@ class AnatomyTopApp(App[int]):
                 figures = dict(self._host_lookup(missing))
         except Exception as exc:
             errors.append(f"host data: {type(exc).__name__}: {exc}")
-        self.post_message(Polled(machine, training, figures, errors))
+        return Polled(machine, training, figures, errors)
+
+    def prefetch(self) -> None:
+        """Start the first sample now, in a thread, so NVML's start-up overlaps Textual's: the first
+        frame then shows data sooner. The first poll uses its result."""
+        if self._prefetched is None and not self.is_running:
+            executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="anatomy-top-prefetch")
+            self._prefetched = executor.submit(self.collect)
+            executor.shutdown(wait=False)
 
     def on_polled(self, message: Polled) -> None:
         self._polling = False
@@ -260,9 +282,12 @@ class AnatomyTopApp(App[int]):
         ]
         try:
             self._render_all()
+        except NoMatches:
+            pass  # the screen is being torn down
         except Exception as exc:  # a bad sample must never take the monitor down
             self.errors = [*self.errors, f"display: {type(exc).__name__}: {exc}"]
-            self._render_status()
+            with contextlib.suppress(NoMatches):
+                self._render_status()
         self.first_poll.set()
         if not self.paused:
             self._schedule(self.interval)
@@ -287,7 +312,15 @@ class AnatomyTopApp(App[int]):
             self.query_one(NvmlBanner).show(self.machine)
             self.query_one(GpuTable).show(self.machine.gpus if self.machine is not None else ())
             rows = build_rows(self.machine, self.training, self.host_figures)
-            self.query_one(ProcessTable).show(rows)
+            table = self.query_one(ProcessTable)
+            table.show(rows)
+            if self.polls == 1:
+                # Start on a process that publishes its anatomy, so both panes say something at once.
+                first = next(
+                    (i for i, k in enumerate(table.row_keys) if table.rows_by_key[k].publishes), None
+                )
+                if first is not None:
+                    table.move_cursor(first)
             self._render_proc_bar()
             self._render_anatomy()
             self._render_status()
@@ -360,9 +393,12 @@ class AnatomyTopApp(App[int]):
     def _on_process_highlighted(self, event: LineTable.CursorMoved) -> None:
         try:
             self._render_anatomy(only_if_changed=True)
+        except NoMatches:
+            return  # the screen is being torn down: nothing to show any more
         except Exception as exc:
             self.errors = [f"display: {type(exc).__name__}: {exc}"]
-            self._render_status()
+            with contextlib.suppress(NoMatches):
+                self._render_status()
 
     # -- filter input --------------------------------------------------------------------------
 
@@ -487,6 +523,7 @@ def run_app(args: Any) -> int:
         print(f"anatomy-top: cannot start: {type(exc).__name__}: {exc}", file=sys.stderr)
         return 1
     app = AnatomyTopApp(machine_source=machine_source, anatomy_source=anatomy_source, interval=interval)
+    app.prefetch()
     try:
         app.run()
     except Exception as exc:  # no traceback for users
@@ -497,6 +534,3 @@ def run_app(args: Any) -> int:
             with contextlib.suppress(Exception):
                 source.close()
     return app.return_code or 0
-
-
-CSS_FILE = Path(__file__).with_name("app.tcss")

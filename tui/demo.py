@@ -23,6 +23,7 @@ import subprocess
 import sys
 import tempfile
 import threading
+import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -44,7 +45,7 @@ SLEEPERS: tuple[tuple[str, int], ...] = (
     ("python -u finetune_whisper.py --fp16 --grad-accum 8", 35 * GIB + 58 * MIB),
 )
 TRAIN_GPU_MEMORY = 2 * GIB + 310 * MIB
-TRAIN_ARGS: tuple[str, ...] = ("--pause", "0.3", "--threads", "1")
+TRAIN_ARGS: tuple[str, ...] = ("--pause", "0.3", "--threads", "1", "--sample-every", "10")
 NO_TORCH_MESSAGE = (
     "anatomy-top demo: torch is not installed, so the demo's training job cannot run; the simulated GPUs "
     "are shown without anatomy (install the 'train' extra: pip install 'anatomy-top[train]')"
@@ -154,6 +155,22 @@ class DemoHandle:
     def train_log(self) -> Path:
         return self.directory / "train.log"
 
+    def wait_until_publishing(self, timeout: float = 30.0) -> bool:
+        """Block until the training job's first snapshot arrived (for ``--demo --once``); False on
+        timeout, when there is no training job, or when it died."""
+        if self.train is None:
+            return False
+        from tui.sources.anatomy_source import AnatomySource
+
+        deadline = time.monotonic() + timeout
+        with AnatomySource(self.runtime_dir) as source:
+            while time.monotonic() < deadline and self.train.poll() is None:
+                procs = source.poll(wait_for_first_s=min(0.5, max(0.0, deadline - time.monotonic())))
+                if any(p.pid == self.train.pid and p.snapshot is not None for p in procs):
+                    return True
+                time.sleep(0.1)
+        return False
+
     def stop(self) -> None:
         """Kill everything the demo started, restore the environment, remove its files. Idempotent."""
         with self._lock:
@@ -176,7 +193,7 @@ class DemoHandle:
 
 
 def build_scenario(train_pid: int | None, sleeper_pids: Sequence[int], n_gpus: int = 8) -> Any:
-    """The simulated box: the training job on GPU 0, the sleepers spread over the GPUs after it."""
+    """The simulated box: the training job alone on GPU 0, the sleepers spread over the other GPUs."""
     from tui.simnvml.curves import Curve
     from tui.simnvml.scenario import Scenario
 
@@ -189,7 +206,7 @@ def build_scenario(train_pid: int | None, sleeper_pids: Sequence[int], n_gpus: i
             placed.append(dataclasses.replace(proc, gpu_index=0, used_memory=memory))
             continue
         i = list(sleeper_pids).index(proc.pid)
-        gpu = (i + 1) % n_gpus if n_gpus > 1 else 0
+        gpu = 1 + i % (n_gpus - 1) if n_gpus > 1 else 0  # GPU 0 is the training job's own
         memory = Curve.constant(SLEEPERS[i % len(SLEEPERS)][1])
         placed.append(dataclasses.replace(proc, gpu_index=gpu, used_memory=memory))
     scenario.processes = placed

@@ -4,6 +4,7 @@ No GPU here, so the allocator is simulated: "allocated" is glibc's heap in use (
 non-tensor base), and its peak is tracked after every aten op by a dispatch mode — the statistics a
 real caching allocator keeps. Through that, the tracker's CUDA arithmetic (per-phase peak windows,
 temporaries, unattributed, allocator cache, CudaMemory) must agree with its CPU path on the same model.
+CUDA events are simulated too, to show phase times are read only once the events completed.
 """
 
 from __future__ import annotations
@@ -17,8 +18,10 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 import anatomy
 from anatomy.memory import CudaStats, HostHeap
-from anatomy.vocabulary import Component
+from anatomy.peaks import peak_flops
+from anatomy.vocabulary import Component, Precision
 
+cuda_hello: list[Any] = []
 CACHE = 3 * 1024 * 1024  # the simulated allocator keeps this much reserved beyond what is allocated
 
 
@@ -59,7 +62,7 @@ def _run(hk: SimpleNamespace, simulated: bool) -> Any:
     model = hk.small_bert()
     opt = torch.optim.AdamW(model.parameters())
     hk.train_steps(model, opt, 1, batch=batch)  # optimizer state exists before tracking
-    tracker = anatomy.track(model, opt, publish=False, sample_every=1)
+    tracker = anatomy.track(model, opt, publish=False, sample_every=3)  # step 1 sampled, 2 not
     alloc = None
     if simulated:
         heap = HostHeap()
@@ -70,21 +73,30 @@ def _run(hk: SimpleNamespace, simulated: bool) -> Any:
         now = heap.in_use()
         assert now is not None
         alloc = SimulatedAllocator(heap, base=now - tensors)
-        tracker._cuda = True  # the CUDA path, with the simulated allocator and no CUDA events
+        tracker._cuda = True  # the CUDA path, with the simulated allocator
         tracker._heap = None
         tracker._allocator = alloc
-        tracker._disabled.add("timing")
+        tracker._cuda_events = False  # host clock: there are no CUDA events to record
         with alloc:
             hk.train_steps(model, opt, 3, tracker, batch=batch)
     else:
         hk.train_steps(model, opt, 3, tracker, batch=batch)
     snap = tracker.latest
+    cuda_hello[:] = [tracker.hello]
     tracker.close()
     return snap, alloc
 
 
-def test_cuda_memory_arithmetic_agrees_with_cpu_path(hk: SimpleNamespace) -> None:
+H100 = "NVIDIA H100 80GB HBM3"
+
+
+def test_cuda_memory_arithmetic_agrees_with_cpu_path(
+    hk: SimpleNamespace, monkeypatch: pytest.MonkeyPatch
+) -> None:
     cpu, _ = _run(hk, simulated=False)
+    props = SimpleNamespace(name=H100, total_memory=80 * 2**30)
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda *a: H100)
+    monkeypatch.setattr(torch.cuda, "get_device_properties", lambda *a: props)
     cuda, alloc = _run(hk, simulated=True)
     assert alloc is not None and alloc.resets >= 3 * 4  # a peak window per phase boundary, per step
     assert cuda.memory_source == "cuda_allocator" and cpu.memory_source == "glibc"
@@ -100,3 +112,64 @@ def test_cuda_memory_arithmetic_agrees_with_cpu_path(hk: SimpleNamespace) -> Non
     assert cuda.cuda is not None
     assert cuda.cuda.reserved - cuda.cuda.allocated == CACHE
     assert cuda.cuda.peak_allocated == cuda.peak_bytes and cuda.cuda.alloc_retries == 2
+    # MFU: achieved FLOP/s over the GPU's peak for the precision (TF32 as torch is set up).
+    hello = cuda_hello[0]
+    assert hello.device_name == H100 and hello.device_memory_bytes == 80 * 2**30
+    assert hello.tf32 is not None
+    peak = peak_flops(H100, Precision.FP32, tf32=hello.tf32)
+    assert peak and cuda.achieved_tflops
+    assert cuda.mfu == pytest.approx(cuda.achieved_tflops * 1e12 / peak)
+    assert cuda.error is None
+
+
+class FakeEvent:
+    """torch.cuda.Event's surface: record() now, query() False until the 'device' catches up."""
+
+    completed = False
+
+    def __init__(self, enable_timing: bool = False) -> None:
+        assert enable_timing
+        self.t: float | None = None
+
+    def record(self) -> None:
+        import time
+
+        self.t = time.perf_counter()
+
+    def query(self) -> bool:
+        return FakeEvent.completed
+
+    def elapsed_time(self, end: FakeEvent) -> float:
+        assert FakeEvent.completed, "read before the event completed"
+        assert self.t is not None and end.t is not None
+        return (end.t - self.t) * 1000.0
+
+
+def test_cuda_event_timing_is_resolved_lazily_without_sync(
+    hk: SimpleNamespace, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    def no_sync(*args: object) -> None:
+        raise AssertionError("the hot path must never synchronize")
+
+    monkeypatch.setattr(torch.cuda, "Event", FakeEvent)
+    monkeypatch.setattr(torch.cuda, "synchronize", no_sync)
+    FakeEvent.completed = False
+    model = hk.small_bert(vocab=2000)
+    opt = torch.optim.AdamW(model.parameters())
+    batch = hk.bert_batch()
+    batch["input_ids"] = batch["input_ids"] % 2000
+    tracker = anatomy.track(model, opt, publish=False, sample_every=0)
+    tracker._cuda_events = True
+    hk.train_steps(model, opt, 3, tracker, batch=batch)
+    pending = tracker.latest
+    assert pending is not None and pending.timing.step_s is None  # nothing completed yet: unknown
+    FakeEvent.completed = True
+    hk.train_steps(model, opt, 1, tracker, batch=batch)
+    done = tracker.latest
+    tracker.close()
+    assert done is not None and done.step == 3
+    t = done.timing
+    assert t.step_s and t.forward_s and t.backward_s and t.optimizer_s
+    assert t.forward_s + t.backward_s + t.optimizer_s <= t.step_s * 1.0001
+    assert tracker._timing_step == 3 and not tracker._pending_clocks  # every pending step resolved
+    assert t.samples_per_s == pytest.approx(hk.BATCH / t.step_s)

@@ -142,3 +142,19 @@ def test_misbehaving_readers_leave_training_untouched(hk: SimpleNamespace, runti
     assert losses == ref_losses
     assert all(torch.equal(a, b) for a, b in zip(reference.parameters(), model.parameters(), strict=True))
     assert tracker.latest is not None and tracker.latest.error is None
+
+
+def test_unusable_runtime_dir_degrades_to_unpublished(
+    hk: SimpleNamespace, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    blocker = tmp_path / "not-a-directory"
+    blocker.write_text("x")
+    monkeypatch.setenv("ANATOMY_TOP_DIR", str(blocker / "rt"))
+    model, opt, batch = _setup(hk)
+    with anatomy.track(model, opt, sample_every=0) as tracker:
+        hk.train_steps(model, opt, 2, tracker, batch=batch)
+        snap = tracker.latest
+        assert tracker.socket_path is None
+    assert snap is not None and snap.step == 1
+    assert snap.memory[Component.ACTIVATIONS.value]  # still measured
+    assert snap.error is not None and "publish" in snap.error

@@ -252,3 +252,83 @@ def test_activations_recounted_when_the_input_shape_changes(hk: SimpleNamespace)
     assert seen[:4] == [a_small] * 4  # step 3 not counted: the last count stands
     assert seen[5] == a_large
     assert counted == [False]  # the last step (same shape, same interval) did not pack anything
+
+
+def test_no_memory_growth_over_steps(hk: SimpleNamespace) -> None:
+    """Nothing per step is retained: the heap after 25 steps is where it was after 5 (the bounded
+    snapshot history aside)."""
+    from anatomy.memory import HostHeap
+
+    heap = HostHeap()
+    model = _bert(hk)
+    opt = torch.optim.AdamW(model.parameters())
+    batch = _batch(hk, batch=2)
+    with anatomy.track(model, opt, interval_s=0.0, sample_every=4) as tracker:
+        hk.train_steps(model, opt, 5, tracker, batch=batch)
+        before = heap.in_use()
+        hk.train_steps(model, opt, 20, tracker, batch=batch)
+        after = heap.in_use()
+        assert len(tracker.history) == 25
+    assert before is not None and after is not None
+    activations = tracker.latest.memory[Component.ACTIVATIONS.value] if tracker.latest else None
+    assert activations and after - before < min(activations, 1_000_000)
+
+
+def test_model_moved_after_track_is_remeasured(hk: SimpleNamespace) -> None:
+    model = _bert(hk)
+    tracker = anatomy.track(model, publish=False, sample_every=0)
+    model.to(torch.float64)  # new storages (as .to("cuda") would make): the tracker must notice
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    tracker.attach_optimizer(opt)
+    batch = _batch(hk)
+    for _ in range(4):
+        with tracker.step():
+            model(**batch).loss.backward()
+            opt.step()
+            opt.zero_grad()
+    snap = tracker.latest
+    tracker.close()
+    assert snap is not None
+    n = sum(p.numel() for p in model.parameters())
+    buffers = sum(b.numel() * b.element_size() for b in model.buffers())
+    assert snap.memory[Component.WEIGHTS.value] == 8 * n + buffers
+    assert snap.memory[Component.GRADIENTS.value] == 8 * n
+    assert snap.memory[Component.OPTIMIZER_STATES.value] == 0
+    # Parameters are not activations, even though their storages changed after track().
+    from anatomy.memory import SavedTensorCounter
+
+    with SavedTensorCounter(model.parameters()) as fresh:
+        model(**batch).loss.backward()
+    assert snap.memory[Component.ACTIVATIONS.value] == fresh.activation_bytes
+
+
+def test_advisor_suggestions_attached_and_its_failures_contained(
+    hk: SimpleNamespace, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import anatomy.advisor
+
+    calls: list[tuple[object, ...]] = []
+
+    def advise(hello: protocol.Hello, snap: protocol.Snapshot, history: object, savings: object) -> list:
+        calls.append((hello, snap, history))
+        acts = snap.memory[Component.ACTIVATIONS.value]
+        return [protocol.Suggestion("test", "checkpoint", f"{acts}", "measured", saving_bytes=acts)]
+
+    monkeypatch.setattr(anatomy.advisor, "advise", advise)
+    model = _bert(hk)
+    opt = torch.optim.AdamW(model.parameters())
+    with anatomy.track(model, opt, publish=False, sample_every=0) as tracker:
+        hk.train_steps(model, opt, 2, tracker, batch=_batch(hk))
+        snap = tracker.latest
+        assert snap is not None and len(snap.suggestions) == 1
+        assert snap.suggestions[0].saving_bytes == snap.memory[Component.ACTIVATIONS.value]
+        assert calls and calls[-1][0] is tracker.hello
+
+        def broken(*args: object) -> list:
+            raise ZeroDivisionError("advisor bug")
+
+        monkeypatch.setattr(anatomy.advisor, "advise", broken)
+        hk.train_steps(model, opt, 1, tracker, batch=_batch(hk))
+        snap = tracker.latest
+    assert snap is not None and snap.step == 2 and snap.suggestions == []
+    assert snap.error is not None and "advisor bug" in snap.error

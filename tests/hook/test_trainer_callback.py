@@ -49,7 +49,8 @@ def _trainer(model: torch.nn.Module, tmp: Path, steps: int, callback: Any, **arg
         dataloader_num_workers=0,
         **args,
     )
-    return Trainer(model=model, args=training_args, train_dataset=_Tokens(64), callbacks=[callback])
+    callbacks = [callback] if callback is not None else None
+    return Trainer(model=model, args=training_args, train_dataset=_Tokens(64), callbacks=callbacks)
 
 
 class _Collector(threading.Thread):
@@ -142,9 +143,12 @@ def test_trainer_gradient_accumulation_and_bf16(hk: SimpleNamespace, tmp_path: P
     assert snap.timing.samples_per_s == pytest.approx(8 / snap.timing.step_s)
 
 
+@pytest.mark.parametrize("added_later", [False, True])
 def test_trainer_oom_writes_file_and_propagates(
-    hk: SimpleNamespace, tmp_path: Path, runtime_dir: Path
+    hk: SimpleNamespace, tmp_path: Path, runtime_dir: Path, added_later: bool
 ) -> None:
+    """Given to the Trainer, the callback wraps ``train``; added later (no on_init_end), the
+    ``training_step``."""
     model = hk.small_bert()
     calls = {"n": 0}
 
@@ -155,13 +159,21 @@ def test_trainer_oom_writes_file_and_propagates(
 
     model.bert.register_forward_pre_hook(explode_on_third)
     callback = anatomy.AnatomyCallback(sample_every=0)
-    trainer = _trainer(model, tmp_path, 5, callback)
+    if added_later:
+        trainer = _trainer(model, tmp_path, 5, None)
+        trainer.add_callback(callback)
+    else:
+        trainer = _trainer(model, tmp_path, 5, callback)
     with pytest.raises(torch.OutOfMemoryError, match=r"Tried to allocate 20\.00 GiB"):
         trainer.train()
     hello, snap = protocol.read_oom_file(protocol.oom_path(runtime_dir, os.getpid()))
     assert snap.oom is not None and "Tried to allocate 20.00 GiB" in snap.oom
     assert snap.step == 2 and hello.optimizer == "adamw"
-    assert callback.tracker is not None and callback.tracker.closed
+    assert callback.tracker is not None
+    if added_later:
+        assert "training_step" in vars(trainer) and "train" not in vars(trainer)
+        callback.tracker.close()
+    assert callback.tracker.closed
     assert protocol.discover(runtime_dir) == []
 
 

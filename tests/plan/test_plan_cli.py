@@ -102,3 +102,15 @@ def test_bad_arguments_exit_with_usage(bert_dir: Path, capsys: pytest.CaptureFix
 def test_too_long_sequence_is_reported(bert_dir: Path) -> None:
     rc, _, err = _run([str(bert_dir), "--seq-len", "100000", "--quick"])
     assert rc == 2 and "position embeddings" in err
+
+
+def test_trainer_loop_drops_outputs_and_uses_fused_adamw(bert_dir: Path) -> None:
+    common = [str(bert_dir), "--batch-size", "2", "--seq-len", "32", "--quick", "--json"]
+    rc, plain_out, _ = _run(common)
+    rc2, trainer_out, _ = _run([*common, "--loop", "trainer"])
+    assert rc == rc2 == 0
+    plain, trainer = json.loads(plain_out), json.loads(trainer_out)
+    assert plain["settings"]["keep_outputs"] is True and trainer["settings"]["keep_outputs"] is False
+    # The foreach AdamW of the plain loop holds sqrt(exp_avg_sq) for every parameter (4 B/param fp32).
+    opt_plain, opt_trainer = plain["phase_peaks"]["optimizer"], trainer["phase_peaks"]["optimizer"]
+    assert opt_plain - opt_trainer >= plain["components"]["gradients"]["bytes"]

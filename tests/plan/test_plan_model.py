@@ -73,14 +73,28 @@ def test_cuda_target_keeps_one_byte_dropout_masks(tiny_configs: dict) -> None:
 
 
 def test_fused_attention_does_not_keep_probabilities(tiny_configs: dict) -> None:
-    cfg = tiny_configs["gpt2"]
+    """Unfused attention keeps, per element of the B x heads x S x S probabilities, the fp32 softmax
+    output (4 bytes), the dropout mask (1) and the dropped fp32 probabilities (4): a term quadratic in
+    the sequence length. Fused attention keeps O(S) per row: activations are linear in S."""
+    cfg = copy.deepcopy(tiny_configs["gpt2"])
+    cfg.n_positions = 256
     planner = Planner(cfg, "causal-lm")
-    b, s = 2, 64
-    math_attn = planner.plan(PlanSettings(batch_size=b, seq_len=s, fused_attention=False))
-    fused = planner.plan(PlanSettings(batch_size=b, seq_len=s))
-    probs = cfg.n_layer * b * cfg.n_head * s * s * 4  # at least the fp32 softmax output per layer
-    saved = math_attn.components[Component.ACTIVATIONS] - fused.components[Component.ACTIVATIONS]
-    assert saved >= probs
+    b, heads, layers = 2, cfg.n_head, cfg.n_layer
+
+    def acts(seq: int, fused: bool) -> int:
+        settings = PlanSettings(batch_size=b, seq_len=seq, fused_attention=fused)
+        value = planner.plan(settings).components[Component.ACTIVATIONS]
+        assert value is not None
+        return value
+
+    for fused in (True, False):
+        # a(S) = alpha S + beta S^2  =>  a(256) - 2 a(128) = beta (256^2 - 2 * 128^2) = 2 beta 128^2
+        quadratic = (acts(256, fused) - 2 * acts(128, fused)) / 2
+        per_prob = quadratic / (layers * b * heads * 128 * 128)
+        if fused:
+            assert abs(per_prob) < 0.01
+        else:
+            assert 9.0 <= per_prob < 9.5
 
 
 def _real_state_bytes(optimizer: torch.optim.Optimizer) -> int:
@@ -226,3 +240,37 @@ def test_encoder_decoder_is_refused_clearly() -> None:
 
     with pytest.raises(PlanError, match="encoder-decoder"):
         Planner(T5Config(d_model=32, num_layers=1, num_heads=2, d_kv=16, d_ff=64), name="t5")
+
+
+def test_best_combination_is_the_baseline_when_it_fits(tiny_configs: dict) -> None:
+    planner = Planner(tiny_configs["bert"], "sequence-classification")
+    rows = technique_table(
+        planner, PlanSettings(batch_size=2, seq_len=32, precision=Precision.BF16_MIXED), "H100"
+    )
+    best = rows[-1]
+    assert best.keys == () and best.label == "best combination: baseline as is"
+    assert best.speed_factor == 1.0 and best.fits is True
+
+
+def test_gpu_from_nvml_when_no_gpu_is_named() -> None:
+    """No --gpu: the first GPU NVML reports (here the project's simulated NVML: an 8 x H100 box)."""
+    import pynvml
+
+    from anatomy.plan import nvml_gpu, resolve_gpu
+    from tui.simnvml import Scenario, install, uninstall
+
+    nvml_gpu.cache_clear()
+    install(Scenario.demo_box(n_gpus=2))
+    try:
+        pynvml.nvmlInit()
+        handle = pynvml.nvmlDeviceGetHandleByIndex(0)
+        expected = (pynvml.nvmlDeviceGetName(handle), pynvml.nvmlDeviceGetMemoryInfo(handle).total)
+        pynvml.nvmlShutdown()
+        name, total, source = resolve_gpu(None)
+    finally:
+        uninstall()
+        nvml_gpu.cache_clear()
+    assert (name, total, source) == (*expected, "NVML")
+    assert "H100" in name
+    # Without NVML: the guide's V100, said so.
+    assert resolve_gpu(None)[2].startswith("default")

@@ -214,8 +214,56 @@ def test_refused_socket_does_not_block(tmp_path: Path) -> None:
     with AnatomySource(tmp_path) as source:
         t0 = time.monotonic()
         (proc,) = source.poll()
-        assert time.monotonic() - t0 < 0.5
+        assert time.monotonic() - t0 < 1.0
     assert proc.state == "error" and "cannot connect" in (proc.error or "")
+
+
+def test_dismiss_exited_and_failed_records(tmp_path: Path, hooks) -> None:
+    pid = os.getpid()
+    hook = hooks()
+    refused = tmp_path / protocol.socket_name(pid, "stale")
+    s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    s.bind(str(refused))
+    s.close()
+    with AnatomySource(tmp_path, retry_s=0.0) as source:
+        source.poll()
+        hook.send_msg(make_hello(pid))
+        hook.send_msg(make_snapshot(pid, 1))
+        procs = poll_until(source, lambda ps: any(p.snapshot for p in ps))
+        assert sorted(p.state for p in procs) == ["error", "live"]
+        assert source.dismiss(pid)  # the failed socket goes, the live one stays
+        assert [p.state for p in source.poll()] == ["live"]
+        assert [p.state for p in source.poll()] == ["live"]  # not retried once dismissed
+        hook.close()
+        poll_until(source, lambda ps: [p.state for p in ps] == ["exited"])
+        assert source.dismiss(pid)
+        assert source.poll() == []
+        assert not source.dismiss(pid)
+        # a new socket at the dismissed path is a new hook: shown again
+        refused.unlink()
+        fresh = hooks(tag="stale")
+        procs = poll_until(source, lambda ps: len(ps) == 1)
+        assert [p.path for p in procs] == [fresh.path]
+
+
+def test_new_tracker_on_the_same_path_is_followed(tmp_path: Path, hooks) -> None:
+    pid = os.getpid()
+    first = hooks()
+    with AnatomySource(tmp_path) as source:
+        source.poll()
+        first.send_msg(make_hello(pid))
+        first.send_msg(make_snapshot(pid, 1))
+        poll_until(source, lambda ps: bool(ps) and ps[0].snapshot is not None)
+        first.close()
+        poll_until(source, lambda ps: [p.state for p in ps] == ["exited"])
+        second = hooks()  # the same process starts tracking again: same socket name
+        source.poll()
+        second.send_msg(make_hello(pid))
+        second.send_msg(make_snapshot(pid, 1, weights=123))
+        (proc,) = poll_until(
+            source, lambda ps: bool(ps) and ps[0].state == "live" and ps[0].snapshot.memory["weights"] == 123
+        )
+    assert proc.state == "live" and proc.snapshot.memory["weights"] == 123
 
 
 def test_silent_server_does_not_block(tmp_path: Path, hooks) -> None:
@@ -224,7 +272,7 @@ def test_silent_server_does_not_block(tmp_path: Path, hooks) -> None:
         t0 = time.monotonic()
         for _ in range(5):
             procs = source.poll()
-        assert time.monotonic() - t0 < 0.5
+        assert time.monotonic() - t0 < 1.0
     assert [p.state for p in procs] == ["live"] and procs[0].hello is None
     assert hook._accepted.wait(2)
 
@@ -242,10 +290,10 @@ def test_wait_for_first_snapshot(tmp_path: Path, hooks) -> None:
     threading.Thread(target=later, daemon=True).start()
     with AnatomySource(tmp_path) as source:
         t0 = time.monotonic()
-        (proc,) = source.poll(wait_for_first_s=1.0)
+        (proc,) = source.poll(wait_for_first_s=3.0)
         waited = time.monotonic() - t0
     assert proc.snapshot == snap
-    assert 0.15 < waited < 1.0
+    assert 0.15 < waited < 2.5  # returned when the snapshot came, not at the 3 s deadline
 
 
 def test_wait_for_first_snapshot_gives_up_in_time(tmp_path: Path, hooks) -> None:
@@ -254,7 +302,7 @@ def test_wait_for_first_snapshot_gives_up_in_time(tmp_path: Path, hooks) -> None
         t0 = time.monotonic()
         (proc,) = source.poll(wait_for_first_s=0.3)
         waited = time.monotonic() - t0
-    assert proc.snapshot is None and 0.25 < waited < 0.8
+    assert proc.snapshot is None and 0.25 < waited < 1.5
 
 
 def test_oom_file_of_dead_process_then_dismiss(tmp_path: Path) -> None:
@@ -333,3 +381,17 @@ def test_cuda_snapshot_survives_the_wire(tmp_path: Path, hooks) -> None:
         hook.send_msg(snap)
         (proc,) = poll_until(source, lambda ps: bool(ps) and ps[0].snapshot is not None)
     assert proc.snapshot == snap
+
+
+def test_monitor_side_modules_do_not_import_torch() -> None:
+    import subprocess
+    import sys
+
+    code = (
+        "import sys, tui.demo, tui.sources.anatomy_source, tui.sources.reconcile, "
+        "tui.report.anatomy_text, tui.report.anatomy_json; "
+        "print(sorted(m for m in ('torch', 'transformers', 'textual') if m in sys.modules))"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "[]"

@@ -4,12 +4,14 @@ never from the app's own output."""
 
 from __future__ import annotations
 
+import argparse
 import asyncio
 import os
 import signal
 from collections.abc import Callable
 
 import frozen
+import pytest
 from rich.text import Text
 from textual.widgets import Input, Sparkline, Static
 
@@ -93,11 +95,17 @@ async def test_j_k_and_arrows_move_the_selection(make_app: MakeApp) -> None:
     async with app.run_test(size=(160, 50)) as pilot:
         await app.wait_for_poll()
         table = app.query_one(ProcessTable)
+        # the first poll puts the cursor on the first process that publishes its anatomy
+        first = next(i for i, k in enumerate(table.row_keys) if table.rows_by_key[k].publishes)
+        assert table.cursor_row == first > 0
+        await pilot.press("home")
         assert table.cursor_row == 0
         await pilot.press("j", "j", "down")
         assert table.cursor_row == 3
         await pilot.press("k", "up")
         assert table.cursor_row == 1
+        await pilot.click(ProcessTable, offset=(10, 5))  # line 0 is the header: line 5 is row 4
+        assert table.cursor_row == 4
 
 
 async def test_sort_cycles_columns_and_reverses(make_app: MakeApp) -> None:
@@ -234,9 +242,20 @@ async def test_every_key_in_the_help_screen_works(make_app: MakeApp) -> None:
         table = app.query_one(ProcessTable)
 
         async def arrows() -> None:
+            table.move_cursor(0)
             await pilot.press("down", "down", "j")
             assert table.cursor_row == 3
             await pilot.press("up", "k")
+            assert table.cursor_row == 1
+
+        async def pages() -> None:
+            await pilot.press("end")
+            assert table.cursor_row == table.row_count - 1
+            await pilot.press("home")
+            assert table.cursor_row == 0
+            await pilot.press("pagedown")
+            assert table.cursor_row == table.row_count - 1  # fewer rows than a page
+            await pilot.press("pageup", "down")
             assert table.cursor_row == 1
 
         async def tab() -> None:
@@ -302,6 +321,7 @@ async def test_every_key_in_the_help_screen_works(make_app: MakeApp) -> None:
 
         checks = {
             "↑ ↓  j k": arrows,
+            "PgUp PgDn Home End": pages,
             "tab": tab,
             "s": sort,
             "S": reverse,
@@ -390,6 +410,8 @@ async def test_big_box_renders_and_diffs_without_losing_the_cursor(make_app: Mak
         assert table.sort_column == "pid"
         table.move_cursor(row=100)
         await pilot.pause()
+        top = int(table.scroll_offset.y)
+        assert top <= 100 < top + table.scrollable_content_region.height - 1  # scrolled into view
         selected = table.selected_row
         assert selected is not None and selected.pid % 15 != 0
         app.refresh_now()
@@ -520,6 +542,35 @@ async def test_resize_from_wide_to_60x20_keeps_key_widgets(make_app: MakeApp) ->
         await pilot.press("tab")
         await pilot.pause()
         assert app.query_one("#anatomy-components", LineTable).region.height >= 3
+        await pilot.resize_terminal(40, 12)  # below what we promise: still no crash
+        await pilot.pause()
+        assert app.errors == [] and app.is_running
         await pilot.resize_terminal(160, 50)
         await pilot.pause()
         assert app.query_one(ProcessTable).region.height > 0 and app.query_one(AnatomyPane).region.width > 0
+
+
+async def test_prefetched_first_sample_is_shown_without_a_second_query(make_app: MakeApp) -> None:
+    source = frozen.FakeMachineSource()
+    app = make_app(machine=source)
+    app.prefetch()  # what run_app does before app.run(): NVML starts while Textual does
+    async with app.run_test(size=(120, 40)):
+        await app.wait_for_poll()
+        assert source.calls == 1
+        assert app.query_one(GpuTable).row_count == len(frozen.machine().gpus)
+
+
+def test_run_app_reports_a_failing_start_in_one_line(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    import tui.sources.machine as machine_module
+    from tui.app import run_app
+
+    class Broken:
+        def __init__(self) -> None:
+            raise OSError("no /proc here [bold]x[/]")
+
+    monkeypatch.setattr(machine_module, "MachineSource", Broken)
+    assert run_app(argparse.Namespace(interval=1.0)) == 1
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "no /proc here [bold]x[/]" in err and "Traceback" not in err

@@ -49,7 +49,7 @@ def test_demo_without_training(monkeypatch: pytest.MonkeyPatch) -> None:
         scenario = json.loads(handle.scenario_path.read_text())
         assert len(scenario["gpus"]) == 4
         placed = {p["pid"]: p["gpu_index"] for p in scenario["processes"]}
-        assert placed == {pid: (i + 1) % 4 for i, pid in enumerate(pids)}
+        assert placed == {pid: 1 + i % 3 for i, pid in enumerate(pids)}  # GPU 0 kept for the training job
     finally:
         handle.stop()
     assert all(_gone(pid) for pid in pids)
@@ -63,6 +63,7 @@ def test_demo_says_why_without_torch(monkeypatch: pytest.MonkeyPatch, capsys: py
     monkeypatch.setattr(demo, "torch_available", lambda: False)
     with demo.start_demo(n_gpus=2, n_sleepers=1, install_signal_handlers=False) as handle:
         assert handle.train is None and len(handle.sleepers) == 1
+        assert not handle.wait_until_publishing(timeout=0.1)
         assert handle.scenario_path.exists()
     err = capsys.readouterr().err
     assert "train" in err and "torch is not installed" in err
@@ -109,6 +110,7 @@ def test_demo_training_job_publishes(monkeypatch: pytest.MonkeyPatch) -> None:
         assert {"pid": handle.train_pid, "gpu_index": 0}.items() <= next(
             p for p in scenario["processes"] if p["pid"] == handle.train_pid
         ).items()
+        assert handle.wait_until_publishing(timeout=90), handle.train_log.read_text(errors="replace")
         procs = []
         with AnatomySource(handle.runtime_dir) as source:
             deadline = time.monotonic() + 60

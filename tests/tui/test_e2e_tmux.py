@@ -165,3 +165,56 @@ def test_monitor_shows_the_hooks_bytes_and_quits_cleanly(tmp_path: Path, trainin
         assert rc_file.read_text().strip() == "0"
     finally:
         tmux.kill()
+
+
+def test_monitor_marks_a_process_that_died_of_oom(tmp_path: Path) -> None:
+    """The hook's OOM record of a dead process stays on screen, marked, with its last anatomy."""
+    from tui.demo import build_scenario
+
+    pytest.importorskip("torch")
+    runtime = tmp_path / "run"
+    runtime.mkdir(mode=0o700)
+    env = dict(os.environ, ANATOMY_TOP_DIR=str(runtime))
+    env.pop("ANATOMY_TOP", None)
+    job = subprocess.run(
+        [sys.executable, "-m", "tui.demo_train", "--batch", "4", "--seq", "32", "--oom-at-step", "3"],
+        cwd=REPO,
+        env=env,
+        capture_output=True,
+        timeout=120,
+    )
+    assert job.returncode != 0
+    oom_file = protocol.oom_path(runtime, _pid_of_oom(runtime))
+    hello, snapshot = protocol.read_oom_file(oom_file)
+    assert snapshot.oom and "simulated by the anatomy-top demo" in snapshot.oom
+
+    scenario = tmp_path / "scenario.json"
+    build_scenario(None, [], n_gpus=1).to_json(scenario)
+    weights = fmt.fmt_bytes(snapshot.memory["weights"])
+    rc_file = tmp_path / "rc"
+    tmux = Tmux("oom")
+    try:
+        tmux.start(monitor_command(scenario, runtime, rc_file))
+
+        def marked() -> bool:
+            screen = tmux.capture()
+            return (
+                "OOM" in screen
+                and "CUDA out of memory" in screen  # the start of the exception text (it wraps)
+                and str(hello.pid) in screen
+                and on_one_line(screen, "Weights", weights)
+            )
+
+        assert wait_for(marked, 60), tmux.capture()
+        tmux.keys("q")
+        assert wait_for(lambda: not tmux.alive(), 15), tmux.capture()
+        assert wait_for(rc_file.exists, 5) and rc_file.read_text().strip() == "0"
+    finally:
+        tmux.kill()
+
+
+def _pid_of_oom(runtime: Path) -> int:
+    (path,) = protocol.discover_oom(runtime)
+    pid = protocol.pid_from_path(path)
+    assert pid is not None
+    return pid

@@ -112,8 +112,9 @@ def test_unmeasured_components_say_so_and_take_no_share() -> None:
     snap = frozen.snapshot(frozen.TRAIN_PID, memory=memory)
     cells = component_cells(reconcile(frozen.hello(frozen.TRAIN_PID), snap, frozen.NVML_TRAIN_BYTES))
     activations = [c.plain for c in cells[Component.ACTIVATIONS.value]]
-    assert activations[2] == fmt.UNMEASURED
-    assert activations[3] == ""  # no share for what was not measured
+    assert activations[0].endswith(Component.ACTIVATIONS.label)
+    assert activations[1] == fmt.UNMEASURED
+    assert activations[2] == ""  # no share for what was not measured
     weights = [c.plain for c in cells[Component.WEIGHTS.value]]
-    assert weights[2] == fmt.fmt_bytes(frozen.MODEL_BYTES[Component.WEIGHTS])
-    assert weights[5] == fmt.fmt_bytes_per_param(6.0)  # the guide's mixed-precision weights figure
+    assert weights[1] == fmt.fmt_bytes(frozen.MODEL_BYTES[Component.WEIGHTS])
+    assert weights[4] == fmt.fmt_bytes_per_param(6.0)  # the guide's mixed-precision weights figure

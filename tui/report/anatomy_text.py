@@ -99,7 +99,7 @@ def step_lines(snapshot: Snapshot) -> list[str]:
     return [
         f"Step: {fmt.fmt_seconds(t.step_s)}{accum} = " + ", ".join(split),
         f"Throughput: {fmt.fmt_rate(t.samples_per_s, 'samples')}, {fmt.fmt_rate(t.tokens_per_s, 'tokens')},"
-        f" {fmt.fmt_tflops(snapshot.achieved_tflops)} achieved, MFU {mfu}",
+        f" achieved {fmt.fmt_tflops(snapshot.achieved_tflops)}, MFU {mfu}",
     ]
 
 

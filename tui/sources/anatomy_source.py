@@ -85,17 +85,17 @@ class _Entry:
     error: str | None = None
     memory_history: deque[int] = field(default_factory=lambda: deque(maxlen=HISTORY_LEN))
     step_time_history: deque[float] = field(default_factory=lambda: deque(maxlen=HISTORY_LEN))
-    last_seq: int | None = None
     updated_at: float | None = None
     ended_at: float | None = None  # when the reader was dropped
     retry_at: float | None = None  # when a failed socket may be tried again
-    inode: int | None = None  # of the socket we connected to: a new socket at the same path is a new hook
+    identity: tuple[int, int] | None = None  # of the socket we connected to: a new one is a new hook
 
     def record(self, snapshot: Snapshot, now: float) -> None:
-        if self.last_seq == snapshot.seq and self.snapshot is not None:
+        # (seq, time) names a snapshot: a reconnect resends the latest one, a new tracker restarts seq.
+        old = self.snapshot
+        if old is not None and (old.seq, old.time) == (snapshot.seq, snapshot.time):
             return
         self.snapshot = snapshot
-        self.last_seq = snapshot.seq
         self.updated_at = now
         self.memory_history.append(measured_total(snapshot))
         if snapshot.timing.step_s is not None:
@@ -135,6 +135,7 @@ class AnatomySource:
         self._entries: dict[Path, _Entry] = {}
         self._ooms: dict[int, _OomEntry] = {}
         self._dismissed: dict[Path, int] = {}  # OOM file -> mtime_ns the user dismissed
+        self._ignored: dict[Path, tuple[int, int]] = {}  # dismissed socket -> its _identity
         self._lock = threading.Lock()
         self._closed = False
 
@@ -163,20 +164,25 @@ class AnatomySource:
                 return [TrainingProcess(pid=0, hello=None, snapshot=None, state=ERROR, error=repr(exc))]
 
     def dismiss(self, pid: int, remove_file: bool = False) -> bool:
-        """Stop showing the OOM record of ``pid`` (it reappears only if a new OOM file is written)."""
+        """Stop showing the OOM, exited or error records of ``pid``. An OOM record reappears only if a
+        new OOM file is written, a failed socket only if a new socket replaces it. Live ones stay."""
         with self._lock:
-            entry = self._ooms.pop(pid, None)
-            if entry is None:
-                return False
-            self._dismissed[entry.path] = entry.mtime_ns
-            if remove_file:
-                with contextlib.suppress(OSError):
-                    entry.path.unlink()
-            # A dismissed OOM of a process that is gone also dismisses its "exited" record.
-            for path, e in list(self._entries.items()):
-                if e.pid == pid and e.reader is None:
+            removed = False
+            oom = self._ooms.pop(pid, None)
+            if oom is not None:
+                removed = True
+                self._dismissed[oom.path] = oom.mtime_ns
+                if remove_file:
+                    with contextlib.suppress(OSError):
+                        oom.path.unlink()
+            for path, entry in list(self._entries.items()):
+                if entry.pid == pid and entry.reader is None:
                     del self._entries[path]
-            return True
+                    identity = _identity(path)
+                    if identity is not None:
+                        self._ignored[path] = identity
+                    removed = True
+            return removed
 
     def close(self) -> None:
         with self._lock:
@@ -197,11 +203,15 @@ class AnatomySource:
     # -- internals ------------------------------------------------------------------------------
 
     def _discover(self, now: float) -> None:
-        for path in protocol.discover(self.directory):
+        found = protocol.discover(self.directory)
+        self._ignored = {p: i for p, i in self._ignored.items() if p in found and _identity(p) == i}
+        for path in found:
+            if path in self._ignored:
+                continue
             entry = self._entries.get(path)
             if entry is not None and entry.reader is None and entry.retry_at is None:
                 # Closed by the hook; the same process may have started a new tracker on this path.
-                if _inode(path) in (None, entry.inode):
+                if _identity(path) in (None, entry.identity):
                     continue
                 entry.retry_at = now
             if entry is not None and (entry.reader is not None or now < (entry.retry_at or 0.0)):
@@ -221,7 +231,7 @@ class AnatomySource:
                 entry = _Entry(pid=pid, path=path)
             # A reconnect to a known socket keeps the history: same process, same job.
             entry.reader, entry.state, entry.error = reader, LIVE, None
-            entry.inode = _inode(path)
+            entry.identity = _identity(path)
             entry.retry_at = entry.ended_at = None
             self._entries[path] = entry
 
@@ -383,11 +393,13 @@ class AnatomySource:
         )
 
 
-def _inode(path: Path) -> int | None:
+def _identity(path: Path) -> tuple[int, int] | None:
+    """Which file is at ``path``: the inode alone is not enough, a new socket may reuse a freed one."""
     try:
-        return path.stat().st_ino
+        st = path.stat()
     except OSError:
         return None
+    return st.st_ino, st.st_ctime_ns
 
 
 def _oom_text(oom: _OomEntry) -> str:

@@ -30,12 +30,11 @@ from tui.widgets.stacked_bar import StackedBar
 from tui.widgets.text_static import TextStatic
 
 COMPONENT_COLUMNS: tuple[tuple[str, str], ...] = (
-    ("swatch", " "),
-    ("component", "Component"),
+    ("component", "   Component"),
     ("bytes", "Bytes"),
     ("share", "Share"),
     ("bpp", "B/param"),
-    ("expected", "Guide B/param"),
+    ("expected", "Guide"),
 )
 OPGROUP_COLUMNS: tuple[tuple[str, str], ...] = (
     ("group", "Op group"),
@@ -68,8 +67,7 @@ def component_cells(rec: Reconciled) -> dict[str, tuple[Text, ...]]:
     for row in rec.rows:
         measured = row.bytes is not None
         rows[row.component.value] = (
-            Text(FULL * 2, style=COMPONENT_STYLES[row.component]),
-            Text(row.component.label),
+            Text.assemble((FULL * 2, COMPONENT_STYLES[row.component]), " ", row.component.label),
             Text(
                 fmt.fmt_bytes(row.bytes, fmt.UNMEASURED),
                 justify="right",

@@ -92,7 +92,7 @@ def _shares(groups: dict[str, OpGroupStat], attr: str) -> dict[str, float | None
     return {k: (v / total if v is not None and total > 0 else None) for k, v in values.items()}
 
 
-def op_group_cells(snapshot: Snapshot | None, width: int = 10) -> dict[str, tuple[Text, Text, Text]]:
+def op_group_cells(snapshot: Snapshot | None, width: int = 8) -> dict[str, tuple[Text, Text, Text]]:
     """Row key (OpGroup value) -> (label, FLOPs share meter, time share meter)."""
     groups = snapshot.op_groups if snapshot is not None else None
     if not groups:

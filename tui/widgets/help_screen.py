@@ -15,6 +15,7 @@ from textual.widgets import Static
 # (keys as shown, what they do). The app's BINDINGS implement exactly these; a test presses each one.
 KEYS: tuple[tuple[str, str], ...] = (
     ("↑ ↓  j k", "move the selection (scroll the anatomy pane)"),
+    ("PgUp PgDn Home End", "move a page, or to the first / last process"),
     ("tab", "switch pane: processes / anatomy"),
     ("s", "sort by the next column"),
     ("S", "reverse the sort order"),

@@ -27,6 +27,19 @@ from textual.scroll_view import ScrollView
 from textual.strip import Strip
 
 GAP = 2  # spaces between columns
+_HEADER_KEY = "\0header"  # the header's key in the cell cache (row keys are never NUL-prefixed)
+
+
+def same_text(a: Text | str | None, b: Text | str | None) -> bool:
+    """Equal as shown: rich's ``Text.__eq__`` ignores the base style (a process greyed out when it
+    exits would otherwise never repaint)."""
+    if isinstance(a, Text) and isinstance(b, Text):
+        return a.plain == b.plain and a.style == b.style and a.spans == b.spans
+    return a == b
+
+
+def same_cells(a: Sequence[Text] | None, b: Sequence[Text]) -> bool:
+    return a is not None and len(a) == len(b) and all(same_text(x, y) for x, y in zip(a, b, strict=True))
 
 
 class LineTable(ScrollView):
@@ -87,6 +100,8 @@ class LineTable(ScrollView):
         self._widths = [Text(label).cell_len for _, label, _ in self.columns]
         self.cursor_row = 0
         self._announced: str | None = None
+        self._style_cache: tuple[Style, Style, Style] | None = None
+        self._cell_cache: dict[tuple[str, int], tuple[Text, int, list[Segment]]] = {}
 
     # -- data ------------------------------------------------------------------------------------
 
@@ -119,11 +134,13 @@ class LineTable(ScrollView):
             for i, cell in enumerate(cells):
                 widths[i] = max(widths[i], cell.cell_len)
         structural = keys != self.row_keys or widths != self._widths
-        changed = [i for i, k in enumerate(keys) if self._cells.get(k) != new_cells[k]]
+        changed = [i for i, k in enumerate(keys) if not same_cells(self._cells.get(k), new_cells[k])]
         self.row_keys, self._cells, self._widths = keys, new_cells, widths
         self._row_index = {k: i for i, k in enumerate(keys)}
         for key in [k for k in self._strips if k not in new_cells]:
             del self._strips[key]
+        if len(self._cell_cache) > 2 * len(self.columns) * (len(new_cells) + 1):
+            self._cell_cache = {k: v for k, v in self._cell_cache.items() if k[0] in new_cells}
         for index in changed:
             self._strips.pop(keys[index], None)
         if keep_cursor_on_key and selected is not None and selected in self._row_index:
@@ -204,30 +221,45 @@ class LineTable(ScrollView):
 
     # -- rendering ---------------------------------------------------------------------------------
 
-    def _render_cells(self, cells: Sequence[Text], base: Style) -> Strip:
-        line = Text(" ", end="")
+    def _cell_segments(self, key: str, column: int, cell: Text, width: int) -> list[Segment]:
+        """One padded cell as segments, cached per (row, column): a refresh where one column moved (CPU %,
+        running time) renders that cell alone, not the row."""
+        cached = self._cell_cache.get((key, column))
+        if cached is not None and cached[1] == width and same_text(cached[0], cell):
+            return cached[2]
+        pad = Text(" " * max(0, width - cell.cell_len))
+        text = pad + cell if self.columns[column][2] == "right" else cell + pad
+        segments = list(text.render(self.app.console, end=""))
+        self._cell_cache[(key, column)] = (cell, width, segments)
+        return segments
+
+    def _render_cells(self, key: str, cells: Sequence[Text], base: Style) -> Strip:
+        segments: list[Segment] = [Segment(" ")]
         for i, (cell, width) in enumerate(zip(cells, self._widths, strict=False)):
             if i:
-                line.append(" " * GAP)
-            if self.columns[i][2] == "right":
-                line.append(" " * max(0, width - cell.cell_len))
-                line.append_text(cell)
-            else:
-                line.append_text(cell)
-                line.append(" " * max(0, width - cell.cell_len))
-        segments = list(line.render(self.app.console))
+                segments.append(Segment(" " * GAP))
+            segments.extend(self._cell_segments(key, i, cell, width))
         return Strip(Segment.apply_style(segments, base))
+
+    def _styles(self) -> tuple[Style, Style, Style]:
+        """(base, header, cursor) styles; computing them per line was a third of a repaint."""
+        if self._style_cache is None:
+            base = self.rich_style
+            self._style_cache = (
+                base,
+                base + self.get_component_rich_style("line-table--header"),
+                self.get_component_rich_style("line-table--cursor"),
+            )
+        return self._style_cache
 
     def render_line(self, y: int) -> Strip:
         scroll_x, scroll_y = self.scroll_offset
         width = self.size.width
-        base = self.rich_style
+        base, header_style, cursor_style = self._styles()
         if y == 0:
             if self._header is None:
-                header = self.get_component_rich_style("line-table--header")
                 labels = [Text(label) for _, label, _ in self.columns]
-                self._header = self._render_cells(labels, base + header)
-            header_style = base + self.get_component_rich_style("line-table--header")
+                self._header = self._render_cells(_HEADER_KEY, labels, header_style)
             return self._header.crop_extend(scroll_x, scroll_x + width, header_style)
         index = int(scroll_y) + y - 1
         if index >= len(self.row_keys):
@@ -235,15 +267,27 @@ class LineTable(ScrollView):
         key = self.row_keys[index]
         strip = self._strips.get(key)
         if strip is None:
-            strip = self._render_cells(self._cells[key], base)
+            strip = self._render_cells(key, self._cells[key], base)
             self._strips[key] = strip
         strip = strip.crop_extend(scroll_x, scroll_x + width, base)
         if self.show_cursor and index == self.cursor_row:
-            cursor = self.get_component_rich_style("line-table--cursor")
-            strip = Strip(Segment.apply_style(list(strip), post_style=cursor), strip.cell_length)
+            strip = Strip(Segment.apply_style(list(strip), post_style=cursor_style), strip.cell_length)
         return strip
+
+    def _restyle(self) -> None:
+        self._style_cache = None
+        self._cell_cache.clear()
+        self._strips.clear()
+        self._header = None
 
     def notify_style_update(self) -> None:
         super().notify_style_update()
-        self._strips.clear()
-        self._header = None
+        self._restyle()
+
+    def on_focus(self) -> None:
+        self._restyle()
+        self.refresh()
+
+    def on_blur(self) -> None:
+        self._restyle()
+        self.refresh()

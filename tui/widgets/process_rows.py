@@ -102,7 +102,9 @@ def _from_gpu_process(key: str, p: GpuProcess, t: TrainingProcess | None, on_gpu
         type=p.type if on_gpu else "-",
         gpu_memory=p.gpu_memory if on_gpu else None,
         user=p.user,
-        command=p.command or p.name,
+        command=p.command
+        or p.name
+        or (t.hello.model_class if t is not None and t.hello is not None else None),
         cpu_percent=p.cpu_percent,
         host_rss=p.host_rss,
         running_time_s=p.running_time_s,

@@ -7,6 +7,8 @@ from __future__ import annotations
 from rich.text import Text
 from textual.widgets import Static
 
+from tui.widgets.line_table import same_text
+
 
 class TextStatic(Static):
     def __init__(self, text: Text | str = "", **kwargs: object) -> None:
@@ -18,7 +20,7 @@ class TextStatic(Static):
         return self._text
 
     def show_text(self, text: Text | str) -> None:
-        if text == self._text:
+        if same_text(text, self._text):
             return
         layout = self._height_may_change(self._text, text)
         self._text = text

@@ -1,0 +1,71 @@
+"""The line-API table: diff by key, repaint only changed rows, keep the cursor on its row."""
+
+from __future__ import annotations
+
+from rich.text import Text
+from textual.app import App, ComposeResult
+
+from tui.widgets.line_table import LineTable
+
+COLUMNS = [("name", "Name", "left"), ("value", "Value", "right")]
+
+
+class _Host(App[None]):
+    def compose(self) -> ComposeResult:
+        yield LineTable(COLUMNS, cursor=True, id="t")
+
+
+def _rows(values: dict[str, int]) -> list[tuple[str, list[Text]]]:
+    return [(k, [Text(k), Text(str(v))]) for k, v in values.items()]
+
+
+async def test_only_changed_rows_are_rendered_again_and_the_cursor_follows_its_key() -> None:
+    app = _Host()
+    async with app.run_test(size=(40, 12)) as pilot:
+        table = app.query_one(LineTable)
+        table.set_rows(_rows({"a": 1, "b": 2, "c": 3}))
+        await pilot.pause()
+        cached = dict(table._strips)
+        assert set(cached) == {"a", "b", "c"}  # every visible row was drawn once
+        table.set_rows(_rows({"a": 1, "b": 20, "c": 3}))
+        await pilot.pause()
+        assert table._strips["a"] is cached["a"] and table._strips["c"] is cached["c"]
+        assert table._strips["b"] is not cached["b"]
+        assert table.get_cell("b", "value").plain == "20"
+
+        table.move_cursor(2)  # on "c"
+        table.set_rows(_rows({"c": 3, "new": 9, "a": 1}))  # "b" gone, order changed
+        assert table.cursor_key == "c" and table.cursor_row == 0
+        table.set_rows(_rows({"a": 1}))  # the cursor's row went away: it stays in range
+        assert table.cursor_row == 0 and table.cursor_key == "a"
+        table.set_rows([])
+        assert table.cursor_key is None and table.row_count == 0
+
+
+async def test_cursor_moves_post_one_message_per_row_change() -> None:
+    seen: list[str | None] = []
+
+    class Recorder(_Host):
+        def on_line_table_cursor_moved(self, message: LineTable.CursorMoved) -> None:
+            seen.append(message.row_key)
+
+    app = Recorder()
+    async with app.run_test(size=(40, 12)) as pilot:
+        table = app.query_one(LineTable)
+        table.set_rows(_rows({"a": 1, "b": 2}))
+        table.focus()
+        await pilot.press("down", "down", "up")
+        await pilot.pause()
+        assert seen == ["a", "b", "a"]  # the second "down" stopped at the last row: no message
+
+
+async def test_a_style_only_change_repaints_the_row() -> None:
+    app = _Host()
+    async with app.run_test(size=(40, 12)) as pilot:
+        table = app.query_one(LineTable)
+        table.set_rows([("a", [Text("x"), Text("1")])])
+        await pilot.pause()
+        before = table._strips["a"]
+        table.set_rows([("a", [Text("x", style="strike"), Text("1")])])  # equal plain text, new style
+        await pilot.pause()
+        assert table._strips["a"] is not before
