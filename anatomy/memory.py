@@ -26,26 +26,6 @@ from anatomy.vocabulary import OptimizerKind, Precision
 
 log = logging.getLogger("anatomy")
 
-# Autograd nodes that only re-view their input: a saved tensor reached through them from a
-# ``ToCopyBackward0`` of a parameter is that parameter's low-precision copy (autocast's weight cast).
-_VIEW_NODES = frozenset(
-    {
-        "TBackward0",
-        "TransposeBackward0",
-        "TransposeBackward1",
-        "ViewBackward0",
-        "UnsafeViewBackward0",
-        "PermuteBackward0",
-        "ExpandBackward0",
-        "AliasBackward0",
-        "SliceBackward0",
-        "SqueezeBackward0",
-        "SqueezeBackward1",
-        "UnsqueezeBackward0",
-        "ReshapeAliasBackward0",
-    }
-)
-
 
 def storage_key(t: torch.Tensor) -> int:
     """Identity of a tensor's storage: its data pointer (unique across CPU and CUDA under UVA).
@@ -273,21 +253,18 @@ class SavedTensorCounter:
         key = storage.data_ptr() or -id(t)
         if key in self._param_keys or key in self._seen or key in self._copies:
             return
-        fn = t.grad_fn
-        depth = 0
-        while fn is not None and depth < 4:
-            name = type(fn).__name__
-            if name in _VIEW_NODES:
-                fn = fn.next_functions[0][0] if fn.next_functions else None
-                depth += 1
-                continue
-            if name == "ToCopyBackward0" and fn.next_functions:
-                src = fn.next_functions[0][0]
-                if src is not None and type(src).__name__ == "AccumulateGrad":
-                    self._copies[key] = storage.nbytes()
-                    self.weight_copy_dtype = t.dtype
-                    return
-            break
+        # autocast's cast of a parameter: a tensor (or a view of one: ``_base`` is the root) made by
+        # ToCopyBackward0 straight from the parameter's AccumulateGrad. Only ToCopy outputs are
+        # looked at further, so the common case costs two attribute reads.
+        base = t._base if t._base is not None else t
+        fn = base.grad_fn
+        if fn is not None and type(fn).__name__ == "ToCopyBackward0":
+            parents = fn.next_functions
+            src = parents[0][0] if parents else None
+            if src is not None and type(src).__name__ == "AccumulateGrad":
+                self._copies[key] = storage.nbytes()
+                self.weight_copy_dtype = t.dtype
+                return
         self._seen[key] = storage.nbytes()
 
     @staticmethod

@@ -1,17 +1,20 @@
 """Per-step overhead of the anatomy hook on a CPU training loop.
 
-One interleaved run: two identical small BERTs (same weights, same batch), one tracked at default
-settings (publishing, with a reader connected), one not. Blocks of steps alternate between them so
-that load from anything else on the machine hits both alike; warm-up steps are excluded. Printed:
+One interleaved run over identical small BERTs (same weights, same batch): "plain" (no hook),
+"control" (a second copy without hook: the A/A noise floor of this machine), "hook+reader" (the
+tracker at default settings, publishing, with a reader connected) and "sampled" (a tracker whose
+every step is a sampled step). Each round runs one step of each, in rotating order, so that load
+from anything else on the machine hits all alike; warm-up steps are excluded. Printed:
 
-- the median step time with the hook + reader vs without (target <= 1.01x), on steps that did not
-  run the op-group profiler;
+- hook+reader vs plain (target <= 1.01x) on steps that did not run the op-group profiler, as the
+  median of per-round ratios, the ratio of medians, and in training-thread CPU time — each next to
+  the same figure for the control;
 - the sampled step's extra time, amortized: the op-group profiler runs one step in ``sample_every``,
   the CPU heap trace one in ``sample_every * TRACE_EVERY`` (both measured on an arm that samples
   every step);
 - the all-in ratio (every step, profiled ones included).
 
-Usage: python benchmarks/bench_hook_overhead.py [--blocks 30] [--block-steps 5] [--layers 4]
+Usage: python benchmarks/bench_hook_overhead.py [--rounds 120] [--layers 2] [--hidden 128] [--threads 1]
 Runs in about a minute on a 2-core machine.
 """
 
@@ -71,7 +74,7 @@ def reader_thread(directory: Path, stop: threading.Event, received: list[int]) -
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--rounds", type=int, default=100, help="rounds of one step per arm")
+    ap.add_argument("--rounds", type=int, default=120, help="rounds of one step per arm")
     ap.add_argument("--warmup", type=int, default=3)
     ap.add_argument("--threads", type=int, default=1, help="torch threads (1: steadier on a shared box)")
     ap.add_argument("--layers", type=int, default=2)
@@ -158,59 +161,48 @@ def main() -> None:
     tracker.close()
     profiling.close()
 
-    base = statistics.median(times["plain"])
-    hooked_med = statistics.median(times["hooked"])
-    sampled_med = statistics.median(times["sampled"])
-    traced_med = statistics.median(times["traced"])
-    extra = sampled_med - hooked_med
-    extra_trace = traced_med - sampled_med
+    med = {name: statistics.median(v) for name, v in times.items()}
+    base = med["plain"]
+    extra = med["sampled"] - med["hooked"]
+    extra_trace = med["traced"] - med["sampled"]
     amortized_groups = extra / args.sample_every if args.sample_every > 0 else 0.0
     amortized_trace = extra_trace / (args.sample_every * TRACE_EVERY) if args.sample_every > 0 else 0.0
-    amortized = amortized_groups + amortized_trace
-    all_in = (hooked_med + amortized) / base
+    amortized = (amortized_groups + amortized_trace) / base
+    paired = statistics.median(pair_ratios["hooked"])
+    noise = statistics.median(pair_ratios["control"])
+    cpu_hooked = [t for i, t in enumerate(cpu["hooked"]) if not profiled(i)]
+    cpu_base = statistics.median(cpu["plain"])
     n_params = sum(p.numel() for p in models["plain"].parameters()) / 1e6
     print(
         f"model: BERT {args.layers}x{args.hidden}, batch {args.batch}x{args.seq}, {n_params:.1f} M params, "
-        f"torch threads {torch.get_num_threads()}"
+        f"torch threads {torch.get_num_threads()}; {args.rounds} rounds of one step per arm, "
+        f"{elapsed:.1f} s; "
+        f"the reader received {len(received)} snapshots"
     )
     print(
-        f"steps: {len(times['plain'])} plain, {len(times['hooked'])} hooked, "
-        f"{len(times['sampled'])} profiled, {len(times['traced'])} profiled+traced, "
-        f"{len(times['control'])} control, one step per arm per round; {elapsed:.1f} s; "
-        f"reader received {len(received)} snapshots"
+        f"step time (median): plain {base * 1e3:.2f} ms | control {med['control'] * 1e3:.2f} ms | "
+        f"hook+reader {med['hooked'] * 1e3:.2f} ms | profiled {med['sampled'] * 1e3:.2f} ms | "
+        f"profiled+heap trace {med['traced'] * 1e3:.2f} ms"
     )
-    print(f"plain step (median)              : {base * 1e3:8.2f} ms")
+    print(f"hook+reader / plain, median of per-round ratios : {paired:.4f}x   (A/A control: {noise:.4f}x)")
     print(
-        f"hooked + reader step (median)    : {hooked_med * 1e3:8.2f} ms   ratio {hooked_med / base:.4f}x "
+        f"hook+reader / plain, ratio of medians           : {med['hooked'] / base:.4f}x   "
+        f"(A/A control: {med['control'] / base:.4f}x)"
+    )
+    print(
+        f"training-thread CPU time ratio                  : {statistics.median(cpu_hooked) / cpu_base:.4f}x "
+        "  "
+        f"(A/A control: {statistics.median(cpu['control']) / cpu_base:.4f}x)"
+    )
+    print(
+        f"sampled steps: op-group profiler +{extra * 1e3:.2f} ms on 1 step in {args.sample_every}, "
+        f"heap trace +{extra_trace * 1e3:.2f} ms on 1 in {args.sample_every * TRACE_EVERY} "
+        f"-> amortized {amortized * 100:.2f}% of a plain step"
+    )
+    print(
+        f"all-in at default settings (per-round ratio + amortized sampling): {paired + amortized:.4f}x "
         "(target <= 1.01x)"
     )
-    mean_ratio = statistics.fmean(times["hooked"]) / statistics.fmean(times["plain"])
-    print(f"hooked / plain (means)           : {mean_ratio:.4f}x")
-    paired = statistics.median(pair_ratios["hooked"])
-    noise = statistics.median(pair_ratios["control"])
-    print(f"hooked / plain (median of per-round ratios): {paired:.4f}x")
-    print(f"control / plain, A/A noise floor (same)     : {noise:.4f}x")
-    cpu_hooked = [t for i, t in enumerate(cpu["hooked"]) if not profiled(i)]
-    cpu_base = statistics.median(cpu["plain"])
-    print(
-        f"training-thread CPU time per step: plain {cpu_base * 1e3:.2f} ms, hooked "
-        f"{statistics.median(cpu_hooked) * 1e3:.2f} ms -> {statistics.median(cpu_hooked) / cpu_base:.4f}x; "
-        f"control {statistics.median(cpu['control']) / cpu_base:.4f}x"
-    )
-    print(
-        f"profiled op-group step (median)  : {sampled_med * 1e3:8.2f} ms   extra {extra * 1e3:.2f} ms "
-        f"({sampled_med / hooked_med:.2f}x a hooked step)"
-    )
-    print(
-        f"profiled + heap trace (median)   : {traced_med * 1e3:8.2f} ms   extra {extra_trace * 1e3:.2f} ms "
-        f"over a profiled step"
-    )
-    print(
-        f"amortized (1/{args.sample_every} profiled, 1/{args.sample_every * TRACE_EVERY} traced): "
-        f"{amortized_groups * 1e3:.3f} + {amortized_trace * 1e3:.3f} ms/step = "
-        f"{amortized / base * 100:.2f}% of a plain step"
-    )
-    print(f"all-in ratio at default settings : {all_in:.4f}x")
     if snap is not None:
         acts = snap.memory.get("activations")
         print(

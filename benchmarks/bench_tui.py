@@ -15,6 +15,7 @@ Prints each figure and its ratio to nvitop's. Targets: CPU ≤ 0.5× nvitop's, f
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import os
 import shlex
 import shutil
@@ -32,6 +33,7 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 from tui.demo import SLEEPERS, spawn_sleepers, stop_processes  # noqa: E402
+from tui.simnvml.curves import Curve  # noqa: E402
 from tui.simnvml.scenario import Scenario  # noqa: E402
 
 WIDTH, HEIGHT = 160, 50
@@ -178,6 +180,9 @@ def main(argv: list[str] | None = None) -> int:
     try:
         pids = [p.pid for p in sleepers]
         scenario = Scenario.demo_box(n_gpus=args.gpus, pids=pids)
+        # The marker process: on GPU 0 and the largest, so it is on the first screen of both tools.
+        first = scenario.processes[0]
+        scenario.processes[0] = dataclasses.replace(first, used_memory=Curve.constant(76 * 1024**3))
         scenario_path = workdir / "scenario.json"
         scenario.to_json(scenario_path)
         tools[1].argv = [

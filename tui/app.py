@@ -46,6 +46,7 @@ INTERVAL_STEPS: tuple[float, ...] = (0.5, 1.0, 2.0, 3.0, 5.0, 10.0, 30.0)
 MIN_INTERVAL = 0.1
 MAX_INTERVAL = 3600.0
 NARROW, WIDE = "-narrow", "-wide"
+STALE_AFTER_S = 10.0  # a live publisher silent this long (or 3 refreshes) is flagged in the anatomy pane
 PANE_NVSMI, PANE_ANATOMY = "nvsmi", "anatomy"
 
 
@@ -141,6 +142,7 @@ class AnatomyTopApp(App[int]):
         handle_signals: bool = True,
         close_sources: bool = True,
         host_lookup: Callable[[Sequence[int]], Mapping[int, GpuProcess]] | None = None,
+        monotonic: Callable[[], float] = time.monotonic,
     ) -> None:
         super().__init__()
         self.machine_source = machine_source
@@ -155,13 +157,13 @@ class AnatomyTopApp(App[int]):
         self.pane = PANE_NVSMI
         self.anatomy_pid: int | None = None  # the publishing process the anatomy pane follows
         self._handle_signals = handle_signals
+        self._monotonic = monotonic  # the clock of TrainingProcess.updated_at
         self._close_sources = close_sources
         self._host_lookup = host_lookup if host_lookup is not None else HostFigures()
         self._polling = False
         self._prefetched: Future[Polled] | None = None
         self._timer: Timer | None = None
         self._signals_installed = False
-        self.first_poll = asyncio.Event()
 
     # -- layout ----------------------------------------------------------------------------------
 
@@ -288,7 +290,6 @@ class AnatomyTopApp(App[int]):
             self.errors = [*self.errors, f"display: {type(exc).__name__}: {exc}"]
             with contextlib.suppress(NoMatches):
                 self._render_status()
-        self.first_poll.set()
         if not self.paused:
             self._schedule(self.interval)
 
@@ -387,7 +388,14 @@ class AnatomyTopApp(App[int]):
         if process is not None and process.rank_group is not None:
             group = [t for t in self.training if t.rank_group == process.rank_group]
         nvml_bytes = nvml_bytes_for(self.machine, process.pid) if process is not None else None
-        pane.show(process, group, nvml_bytes, hint=hint)
+        pane.show(process, group, nvml_bytes, hint=hint, stale_s=self._stale_seconds(process))
+
+    def _stale_seconds(self, process: TrainingProcess | None) -> float | None:
+        """How long a live publisher has sent nothing new, once that is clearly more than its pace."""
+        if process is None or process.state != "live" or process.updated_at is None:
+            return None
+        quiet = self._monotonic() - process.updated_at
+        return quiet if quiet >= max(STALE_AFTER_S, 3 * self.interval) else None
 
     @on(LineTable.CursorMoved, "#processes")
     def _on_process_highlighted(self, event: LineTable.CursorMoved) -> None:

@@ -26,6 +26,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--layers", type=int, default=2)
     p.add_argument("--vocab", type=int, default=30522)
     p.add_argument("--threads", type=int, default=1)
+    p.add_argument("--device", default="cpu", help="torch device, e.g. cuda:0 (the demo itself runs on CPU)")
     p.add_argument(
         "--pause", type=float, default=0.0, help="seconds to sleep between steps, to keep a demo light on CPU"
     )
@@ -74,7 +75,13 @@ def main(argv: list[str] | None = None) -> int:
         max_position_embeddings=max(512, args.seq),
         num_labels=2,  # type: ignore[call-arg]  # a PretrainedConfig kwarg
     )
-    model = BertForSequenceClassification(config)
+    try:
+        device = torch.device(args.device)
+        torch.empty(1, device=device)
+    except (RuntimeError, AssertionError) as exc:  # torch says "not compiled with CUDA" with an assert
+        print(f"demo_train: device {args.device!r} is not usable: {exc}", file=sys.stderr)
+        return 2
+    model = BertForSequenceClassification(config).to(device)
     model.train()
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4)
     tracker = anatomy.track(model, optimizer, interval_s=args.interval, sample_every=args.sample_every)
@@ -86,8 +93,8 @@ def main(argv: list[str] | None = None) -> int:
                 # The hook publishes at most once per interval: make the last step's snapshot due.
                 time.sleep(args.interval)
             # The guide's dummy data: token ids in 100..30000, binary labels.
-            ids = torch.randint(100, min(30000, args.vocab), (args.batch, args.seq))
-            labels = torch.randint(0, 2, (args.batch,))
+            ids = torch.randint(100, min(30000, args.vocab), (args.batch, args.seq), device=device)
+            labels = torch.randint(0, 2, (args.batch,), device=device)
             with tracker.step(samples=args.batch, tokens=args.batch * args.seq):
                 out = model(input_ids=ids, labels=labels)
                 out.loss.backward()

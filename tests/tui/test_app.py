@@ -574,3 +574,19 @@ def test_run_app_reports_a_failing_start_in_one_line(
     assert run_app(argparse.Namespace(interval=1.0)) == 1
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "no /proc here [bold]x[/]" in err and "Traceback" not in err
+
+
+async def test_a_live_publisher_that_went_quiet_is_flagged(make_app: MakeApp) -> None:
+    from dataclasses import replace
+
+    now = 1000.0
+    quiet = replace(frozen.training()[0], updated_at=now - 95.0)  # the main job, silent for 95 s
+    fresh = replace(frozen.training()[1], updated_at=now - 0.5)
+    app = make_app(training=[quiet, fresh], monotonic=lambda: now, interval=1.0)
+    async with app.run_test(size=(160, 50)) as pilot:
+        await app.wait_for_poll()
+        await _select_pid(app, pilot, quiet.pid)
+        title = _static_text(app.query_one("#anatomy-title", Static))
+        assert f"no new snapshot for {fmt.fmt_duration(95.0)}" in title
+        await _select_pid(app, pilot, fresh.pid)
+        assert "no new snapshot" not in _static_text(app.query_one("#anatomy-title", Static))

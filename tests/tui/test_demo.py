@@ -129,3 +129,19 @@ def test_demo_training_job_publishes(monkeypatch: pytest.MonkeyPatch) -> None:
         assert weights is not None and 0 <= weights - 4 * proc.hello.parameter_count <= 64 * 1024
         assert proc.snapshot.memory[Component.OPTIMIZER_STATES.value] is not None
     assert _gone(handle.train.pid)
+
+
+@pytest.mark.slow
+def test_demo_train_refuses_an_unusable_device_without_traceback() -> None:
+    torch = pytest.importorskip("torch")
+    if torch.cuda.is_available():
+        pytest.skip("a CUDA device is usable here")
+    done = subprocess.run(
+        [sys.executable, "-m", "tui.demo_train", "--device", "cuda", "--steps", "1"],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode == 2
+    assert "device 'cuda' is not usable" in done.stderr and "Traceback" not in done.stderr

@@ -69,3 +69,16 @@ async def test_a_style_only_change_repaints_the_row() -> None:
         table.set_rows([("a", [Text("x", style="strike"), Text("1")])])  # equal plain text, new style
         await pilot.pause()
         assert table._strips["a"] is not before
+
+
+async def test_a_cells_own_style_survives_rendering() -> None:
+    app = _Host()
+    async with app.run_test(size=(40, 12)) as pilot:
+        table = app.query_one(LineTable)
+        table.set_rows([("a", [Text("◆", style="bold green"), Text("91%", style="red")])])
+        await pilot.pause()
+        styles = {seg.text: seg.style for seg in table._strips["a"] if seg.text.strip()}
+        assert styles["◆"] is not None and styles["◆"].bold and styles["◆"].color is not None
+        assert styles["◆"].color.name == "green"
+        assert styles["91%"] is not None and styles["91%"].color is not None
+        assert styles["91%"].color.name == "red"

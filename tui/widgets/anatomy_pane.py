@@ -140,6 +140,7 @@ class AnatomyPane(VerticalScroll):
         group: Sequence[TrainingProcess],
         nvml_bytes: int | None,
         hint: str | None = None,
+        stale_s: float | None = None,
     ) -> None:
         self.process = process
         self.hint = hint
@@ -151,7 +152,7 @@ class AnatomyPane(VerticalScroll):
         hint_widget = self.query_one("#anatomy-hint", TextStatic)
         hint_widget.display = hint is not None
         self._update("#anatomy-hint", Text(hint or "", style="italic bright_black"))
-        self._update("#anatomy-title", title_text(process))
+        self._update("#anatomy-title", title_text(process, stale_s))
         alert = alert_text(process)
         alert_widget = self.query_one("#anatomy-alert", TextStatic)
         alert_widget.display = alert is not None

@@ -33,7 +33,9 @@ _TOTAL_LABELS = {
 }
 
 
-def title_text(process: TrainingProcess) -> Text:
+def title_text(process: TrainingProcess, stale_s: float | None = None) -> Text:
+    """Badge, PID, model, set-up and step; ``stale_s`` (seconds without a new snapshot from a live
+    process, given only past a threshold) flags a training loop that stalled or hangs."""
     hello, snap = process.hello, process.snapshot
     badge, style = STATE_BADGES.get(process.state, (process.state.upper(), "bold"))
     text = Text()
@@ -54,6 +56,8 @@ def title_text(process: TrainingProcess) -> Text:
         text.append(Text(" · ".join(details), style="bright_black"))
     if snap is not None:
         text.append(f" · step {snap.step}", style="bright_black")
+    if stale_s is not None:
+        text.append(f"\nno new snapshot for {fmt.fmt_duration(stale_s)}", style="bold yellow")
     return text
 
 

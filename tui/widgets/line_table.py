@@ -227,8 +227,15 @@ class LineTable(ScrollView):
         cached = self._cell_cache.get((key, column))
         if cached is not None and cached[1] == width and same_text(cached[0], cell):
             return cached[2]
-        pad = Text(" " * max(0, width - cell.cell_len))
-        text = pad + cell if self.columns[column][2] == "right" else cell + pad
+        pad = " " * max(0, width - cell.cell_len)
+        # append_text turns the cell's base style into a span: Text.render alone would drop it.
+        text = Text(end="")
+        if self.columns[column][2] == "right":
+            text.append(pad)
+            text.append_text(cell)
+        else:
+            text.append_text(cell)
+            text.append(pad)
         segments = list(text.render(self.app.console, end=""))
         self._cell_cache[(key, column)] = (cell, width, segments)
         return segments

@@ -1,0 +1,56 @@
+"""Phase durations from a step's marks (the same arithmetic serves CPU clocks and CUDA events)."""
+
+from __future__ import annotations
+
+import pytest
+
+from anatomy.timing import (
+    BACKWARD_END,
+    BEGIN,
+    END,
+    FORWARD_POST,
+    FORWARD_PRE,
+    OPTIMIZER_POST,
+    OPTIMIZER_PRE,
+    StepClock,
+    durations_from_marks,
+)
+
+
+def test_two_micro_batches_and_an_optimizer_step() -> None:
+    marks = [
+        (BEGIN, 0.0),
+        (FORWARD_PRE, 0.1),
+        (FORWARD_POST, 0.4),  # forward 0.3
+        (BACKWARD_END, 1.0),  # backward 0.6 (the Trainer's on_substep_end)
+        (FORWARD_PRE, 1.1),  # 0.1 between micro-batches: neither phase
+        (FORWARD_POST, 1.3),  # forward 0.2
+        (OPTIMIZER_PRE, 1.8),  # backward 0.5
+        (OPTIMIZER_POST, 2.0),  # optimizer 0.2
+        (END, 2.1),
+    ]
+    d = durations_from_marks(marks)
+    assert d is not None
+    assert d.step_s == pytest.approx(2.1)
+    assert d.forward_s == pytest.approx(0.5)
+    assert d.backward_s == pytest.approx(1.1)
+    assert d.optimizer_s == pytest.approx(0.2)
+
+
+def test_missing_phases_are_unknown_not_zero() -> None:
+    d = durations_from_marks([(BEGIN, 0.0), (FORWARD_PRE, 0.1), (FORWARD_POST, 0.3), (END, 0.9)])
+    assert d is not None and d.optimizer_s is None  # no optimizer step in this step
+    assert d.backward_s == pytest.approx(0.6)  # forward end to step end
+    d = durations_from_marks([(BEGIN, 0.0), (END, 0.5)])
+    assert d is not None and d.forward_s is None and d.backward_s is None and d.step_s == 0.5
+    assert durations_from_marks([(BEGIN, 0.0)]) is None
+
+
+def test_cpu_clock_is_ready_at_once() -> None:
+    clock = StepClock()
+    assert not clock.ready()
+    for kind in (BEGIN, FORWARD_PRE, FORWARD_POST, END):
+        clock.mark(kind)
+    assert clock.ready() and clock.kinds == [BEGIN, FORWARD_PRE, FORWARD_POST, END]
+    d = clock.durations()
+    assert d is not None and d.step_s == pytest.approx(clock.span()) and d.step_s >= 0
