@@ -25,7 +25,7 @@ import torch
 from transformers import TrainerCallback
 
 from anatomy.memory import detect_precision, dominant_dtype
-from anatomy.tracker import Tracker, hook_disabled, track
+from anatomy.tracker import SAMPLE_EVERY, Tracker, hook_disabled, track
 
 log = logging.getLogger("anatomy")
 
@@ -57,7 +57,7 @@ class AnatomyCallback(TrainerCallback):
         *,
         publish: bool = True,
         interval_s: float = 0.5,
-        sample_every: int = 50,
+        sample_every: int = SAMPLE_EVERY,
         directory: Path | None = None,
     ) -> None:
         self.publish = publish

@@ -14,8 +14,11 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import ctypes.util
+import functools
 import logging
-from collections.abc import Iterable, Iterator
+import threading
+import weakref
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -220,6 +223,14 @@ class SavedTensorCounter:
         self.weight_copy_dtype: torch.dtype | None = None
         self.uncounted = 0
         self._ctx: contextlib.AbstractContextManager[Any] | None = None
+        # Off except on the sampled step that traces memory per op (a weak reference per saved tensor).
+        self.track_alive = False
+        self.alive_activation_bytes = 0
+        self.alive_copy_bytes = 0
+        self._alive: dict[int, list[int]] = {}  # storage key -> [live saved tensors, bytes, is a copy]
+        # keyed by id: a set compares weak references by their referents and merges two refs of one tensor
+        self._refs: dict[int, weakref.ref[torch.Tensor]] = {}
+        self._alive_lock = threading.Lock()
 
     def set_params(self, params: Iterable[torch.Tensor]) -> None:
         self._param_keys = frozenset(storage_key(p) for p in params)
@@ -251,8 +262,24 @@ class SavedTensorCounter:
     def _count(self, t: torch.Tensor) -> None:
         storage = t.untyped_storage()
         key = storage.data_ptr() or -id(t)
-        if key in self._param_keys or key in self._seen or key in self._copies:
+        if key in self._param_keys:
             return
+        if key in self._seen:
+            copy = False
+        elif key in self._copies:
+            copy = True
+        else:
+            copy = self._is_weight_copy(t)
+            if copy:
+                self._copies[key] = storage.nbytes()
+                self.weight_copy_dtype = t.dtype
+            else:
+                self._seen[key] = storage.nbytes()
+        if self.track_alive:
+            self._watch(t, key, copy)
+
+    @staticmethod
+    def _is_weight_copy(t: torch.Tensor) -> bool:
         # autocast's cast of a parameter: a tensor (or a view of one: ``_base`` is the root) made by
         # ToCopyBackward0 straight from the parameter's AccumulateGrad. Only ToCopy outputs are
         # looked at further, so the common case costs two attribute reads.
@@ -261,11 +288,42 @@ class SavedTensorCounter:
         if fn is not None and type(fn).__name__ == "ToCopyBackward0":
             parents = fn.next_functions
             src = parents[0][0] if parents else None
-            if src is not None and type(src).__name__ == "AccumulateGrad":
-                self._copies[key] = storage.nbytes()
-                self.weight_copy_dtype = t.dtype
+            return src is not None and type(src).__name__ == "AccumulateGrad"
+        return False
+
+    # -- what is alive now (sampled steps only) ---------------------------------------------------
+    # The packed object autograd keeps is the tensor itself, so a weak reference to it dies when
+    # backward frees that saved tensor: per storage, a count of live saved tensors gives the bytes
+    # of activations still held at any moment, in O(1) per read.
+
+    def _watch(self, t: torch.Tensor, key: int, copy: bool) -> None:
+        with self._alive_lock:
+            entry = self._alive.get(key)
+            if entry is None:
+                nbytes = self._copies[key] if copy else self._seen[key]
+                entry = self._alive[key] = [0, nbytes, int(copy)]
+                if copy:
+                    self.alive_copy_bytes += nbytes
+                else:
+                    self.alive_activation_bytes += nbytes
+            entry[0] += 1
+        ref = weakref.ref(t, functools.partial(self._release, key))
+        self._refs[id(ref)] = ref
+
+    def _release(self, key: int, ref: weakref.ref[torch.Tensor]) -> None:
+        # May run on autograd's device thread (CUDA backward): hence the lock.
+        with self._alive_lock:
+            self._refs.pop(id(ref), None)
+            entry = self._alive.get(key)
+            if entry is None:
                 return
-        self._seen[key] = storage.nbytes()
+            entry[0] -= 1
+            if entry[0] <= 0:
+                del self._alive[key]
+                if entry[2]:
+                    self.alive_copy_bytes -= entry[1]
+                else:
+                    self.alive_activation_bytes -= entry[1]
 
     @staticmethod
     def _unpack(t: torch.Tensor) -> torch.Tensor:
@@ -393,20 +451,93 @@ def is_oom(exc: BaseException) -> bool:
     return "out of memory" in text or "can't allocate memory" in text
 
 
+class GradientWatcher:
+    """Bytes of ``.grad`` tensors alive, kept current during one sampled step: a gradient is counted
+    when a post-accumulate-grad hook first sees it, and uncounted when its tensor dies (``zero_grad``
+    with ``set_to_none``; a weak reference tells). ``close()`` removes the hooks."""
+
+    def __init__(self, params: Iterable[torch.Tensor]) -> None:
+        params = [p for p in params if isinstance(p, torch.Tensor)]
+        self.bytes = 0
+        self._watched: set[int] = set()  # id() of the gradient tensors counted and alive
+        self._refs: dict[int, weakref.ref[torch.Tensor]] = {}
+        self._lock = threading.Lock()  # callbacks may run on autograd's device threads
+        for p in params:
+            if p.grad is not None:
+                self._watch(p.grad)
+        hook = self._on_grad
+        self._handles = [p.register_post_accumulate_grad_hook(hook) for p in params if p.requires_grad]
+
+    def _watch(self, g: torch.Tensor) -> None:
+        gid = id(g)
+        with self._lock:
+            if gid in self._watched:
+                return
+            nbytes = _storage_bytes(g)
+            self._watched.add(gid)
+            self.bytes += nbytes
+        ref = weakref.ref(g, functools.partial(self._release, gid, nbytes))
+        self._refs[id(ref)] = ref
+
+    def _release(self, gid: int, nbytes: int, ref: weakref.ref[torch.Tensor]) -> None:
+        with self._lock:
+            if self._refs.pop(id(ref), None) is None:
+                return  # closed meanwhile
+            self._watched.discard(gid)
+            self.bytes -= nbytes
+
+    def _on_grad(self, p: torch.Tensor) -> None:
+        try:
+            if p.grad is not None:
+                self._watch(p.grad)
+        except Exception:  # inside the user's backward: never in the way
+            pass
+
+    def close(self) -> None:
+        handles, self._handles = self._handles, []
+        for h in handles:
+            h.remove()
+        with self._lock:
+            self._refs.clear()  # the references die with their callbacks: nothing fires after this
+
+
+@dataclass(frozen=True)
+class Moment:
+    """One reading of the memory trace with what the named tensors held at that moment."""
+
+    reading: int  # heap in use (CPU) / allocated (CUDA)
+    activations: int  # saved-for-backward storages alive
+    weight_copies: int  # autocast's low-precision weight copies alive
+    gradients: int  # .grad bytes alive
+
+
 class HeapPeakMode(TorchDispatchMode):
-    """On a sampled CPU step: the heap in use after every aten op, kept as a peak per phase.
+    """On a sampled step: memory in use after every aten op, kept as a peak per phase, with what the
+    named tensors held at that peak's moment (``moments``).
 
     Phase-boundary readings miss the peaks inside forward and backward (the temporaries of an op
-    are gone by the next boundary); reading ``mallinfo2`` after each op (~5 µs) sees them. Too slow
-    for every step, it runs on the op-group sampled step and its result stands until the next one.
-    The tracker sets ``phase`` at each boundary.
+    are gone by the next boundary); reading ``mallinfo2`` (CPU) or the allocator's counter (CUDA)
+    after each op (~5 µs) sees them. Too slow for every step, it runs on a sampled step and its
+    result stands until the next one. The tracker sets ``phase`` at each boundary. ``probe`` returns
+    (activations, weight copies, gradients) alive now.
     """
 
-    def __init__(self, heap: HostHeap) -> None:
+    def __init__(
+        self,
+        heap: HostHeap | None = None,
+        probe: Callable[[], tuple[int, int, int]] | None = None,
+        read: Callable[[], int | None] | None = None,
+    ) -> None:
         super().__init__()
-        self._heap = heap
+        if read is None:
+            if heap is None:
+                raise ValueError("HeapPeakMode needs a heap or a reader")
+            read = heap.in_use
+        self._read = read
+        self._probe = probe
         self.phase: Any = None
         self.peaks: dict[Any, int] = {}
+        self.moments: dict[Any, Moment] = {}
         self.failed = False
 
     def __torch_dispatch__(
@@ -415,9 +546,11 @@ class HeapPeakMode(TorchDispatchMode):
         out = func(*args, **(kwargs or {}))
         if not self.failed:
             try:
-                now = self._heap.in_use()
+                now = self._read()
                 if now is not None and now > self.peaks.get(self.phase, -1):
                     self.peaks[self.phase] = now
+                    acts, copies, grads = self._probe() if self._probe is not None else (0, 0, 0)
+                    self.moments[self.phase] = Moment(now, acts, copies, grads)
             except Exception:  # never in the way of the op
                 self.failed = True
         return out

@@ -232,6 +232,12 @@ class Snapshot:
     error: str | None = None  # the hook degraded: why
     oom: str | None = None  # set only in the last-snapshot file after an OOM
     batch_size: int | None = None  # samples per micro-batch (optional, for the advisor)
+    # Optional (F1): Component value -> bytes held AT THE MOMENT of the step's peak (weights, optimizer
+    # states, gradients, activations, temporaries, unattributed); they sum to ``peak_bytes`` exactly.
+    # ``memory`` keeps each component at its own maximum. None: an older hook, or no peak measured.
+    at_peak: dict[str, int | None] | None = None
+    at_peak_step: int | None = None  # the step whose per-op trace gave the at-peak split
+    memory_in_use: int | None = None  # allocated (CUDA) / glibc heap in use (CPU) when the snapshot was built
     protocol: int = PROTOCOL_VERSION
     type: str = "snapshot"
 
@@ -340,6 +346,10 @@ def _keyed(
 def _snapshot_from(d: Mapping[str, Any]) -> Snapshot:
     memory_raw = _keyed(d, "memory", _COMPONENT_KEYS) or {}
     memory = {k: _req(memory_raw, k, int, nullable=True) for k in memory_raw}
+    at_peak_raw = _keyed(d, "at_peak", _COMPONENT_KEYS, nullable=True)
+    at_peak = None
+    if at_peak_raw is not None:
+        at_peak = {k: _req(at_peak_raw, k, int, nullable=True) for k in at_peak_raw}
     expected_raw = _keyed(d, "expected_bytes_per_param", _COMPONENT_KEYS) or {}
     expected = {k: _opt_num(expected_raw, k) for k in expected_raw}
     cuda_raw = _req(d, "cuda", dict, nullable=True)
@@ -398,6 +408,9 @@ def _snapshot_from(d: Mapping[str, Any]) -> Snapshot:
         error=_req(d, "error", str, nullable=True),
         oom=_req(d, "oom", str, nullable=True),
         batch_size=_req(d, "batch_size", int, nullable=True),
+        at_peak=at_peak,
+        at_peak_step=_req(d, "at_peak_step", int, nullable=True),
+        memory_in_use=_req(d, "memory_in_use", int, nullable=True),
     )
 
 

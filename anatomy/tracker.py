@@ -10,15 +10,18 @@ Every step measures cheaply (saved-tensor counting in the forward, a heap or all
 each phase boundary, a clock mark); weights, gradients and optimizer states are re-summed on the
 first steps and then once every ``sample_every`` steps, when the op-group profiler also runs.
 
-What a snapshot's numbers mean: weights (parameters + buffers, plus autocast's low-precision weight
-copies), optimizer states and gradients are exact tensor sums; activations are the bytes saved for
-backward by one forward (the largest micro-batch); each is at its own peak. ``peak_bytes`` is the
-step's measured peak — on CUDA the caching allocator's peak allocated bytes; on CPU the named tensors
-held at the step's start plus the heap's largest growth during the step (read at the phase
-boundaries, and after every op on sampled steps), the rest of the heap left out — and
-``peak_phase`` where it happened. Temporaries are what that peak holds beyond the named tensors alive
-in its phase; unattributed is what was allocated at the step's start besides them (on CPU: the rest
-of the heap — Python, libraries, the batch).
+What a snapshot's numbers mean. ``memory`` holds each component at its own maximum in the step:
+weights (parameters + buffers, plus autocast's low-precision weight copies), optimizer states and
+gradients are exact tensor sums; activations are the bytes saved for backward by one forward (the
+largest micro-batch). ``peak_bytes`` is the step's peak of memory in use — on CUDA the caching
+allocator's peak allocated bytes; on CPU glibc's heap in use at the peak, absolute (read at the phase
+boundaries, and after every op on traced steps) — and ``peak_phase`` where it happened.
+``at_peak`` splits that peak into what each component held at its moment, summing to ``peak_bytes``
+exactly: unattributed is what was in use at the step's start besides weights, optimizer states and
+gradients (on CPU: the interpreter, libraries, the batch; constant through the step); weights,
+optimizer states, gradients and activations are what was alive at the peak (the per-op trace of a
+sampled step knows the moment: saved tensors still held, gradients made so far; between traces the
+last traced split stands, ``at_peak_step`` says from which step); temporaries are the rest.
 
 Nothing raised in here reaches the training loop: a failing measurement is logged once, becomes
 unmeasured (None) and the snapshot's ``error`` says why. Only the user's own exceptions propagate.
@@ -33,7 +36,7 @@ import statistics
 import time
 from collections import deque
 from collections.abc import Mapping
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Literal
 
@@ -42,6 +45,7 @@ import torch
 from anatomy import protocol
 from anatomy.memory import (
     CudaAllocator,
+    GradientWatcher,
     HeapPeakMode,
     HostHeap,
     SavedTensorCounter,
@@ -81,7 +85,8 @@ from anatomy.vocabulary import (
 log = logging.getLogger("anatomy")
 
 HISTORY_LENGTH = 120
-TRACE_EVERY = 5  # the CPU heap trace runs on one sampled step in this many
+SAMPLE_EVERY = 100  # the op-group profiler runs on one step in this many (after the second step)
+TRACE_EVERY = 5  # the per-op memory trace runs on one sampled step in this many
 WARMUP_REFRESH_STEPS = 3  # weights/gradients/optimizer states re-summed on every one of the first steps
 _MAX_TEXT = 4000  # protocol strings are capped at 4096
 
@@ -128,18 +133,34 @@ class _Step:
         self.grads: int | None = None
         self.opt_after: int | None = None
         self.heap0: int | None = None
-        # (phase, heap in use, bytes of named tensors grown since the step began)
-        self.heap_samples: list[tuple[Phase, int, int]] = []
+        # (phase, heap in use, bytes of named tensors grown since the step began, held at that moment)
+        self.heap_samples: list[tuple[Phase, int, int, Held]] = []
         self.cuda_m0: int | None = None
         self.cuda_phase = Phase.OTHER
         self.cuda_peaks: list[tuple[Phase, int]] = []
         self.cuda_end: Any = None
         self.profiler: Any = None
         self.heap_mode: Any = None
+        self.grad_watch: GradientWatcher | None = None
         self.profiled = False
         self.in_forward = 0
         self.counting = False
         self.optimizer_ran = False
+
+
+# (activations, autocast weight copies, gradients, optimizer states) held at one moment of a step
+Held = tuple[int, int, int, int]
+
+
+@dataclass(frozen=True)
+class _Traced:
+    """What the last per-op memory trace found; it stands for the steps until the next trace."""
+
+    step: int
+    growth: int  # the highest reading above the step's start
+    phase: Phase
+    temporaries: int  # the largest excess over the named tensors of any phase
+    held: Held  # what the named tensors held at the highest reading
 
 
 class _StepContext:
@@ -196,7 +217,7 @@ class Tracker:
         *,
         publish: bool = True,
         interval_s: float = 0.5,
-        sample_every: int = 50,
+        sample_every: int = SAMPLE_EVERY,
         samples: int | None = None,
         tokens: int | None = None,
         grad_accum_steps: int = 1,
@@ -248,7 +269,11 @@ class Tracker:
         self._acts_shape: tuple[int, ...] | None = None
         self._acts_index = -1
         self._retrace = False
-        self._traced: tuple[int, Phase, int] | None = None  # heap peak growth, its phase, temporaries
+        self._traced: _Traced | None = None
+        self._balance_logged = False
+        self._suggestions: list[Suggestion] = []
+        self._advised_at = -1e9
+        self._expected: tuple[tuple[Precision, OptimizerKind], dict[str, float | None]] | None = None
         self._autocast_dtype: torch.dtype | None = None
         self._grad_scaler = False
         self._oom_recorded: int | None = None
@@ -332,6 +357,7 @@ class Tracker:
         self._cuda = device.type == "cuda"
         self._cuda_events = self._cuda  # phase times from CUDA events, else the host clock
         self._hello = None
+        self._traced = None  # a trace of another device's memory says nothing about this one
         if self._cuda:
             self._allocator, self._heap = CudaAllocator(device), None
             return
@@ -395,7 +421,7 @@ class Tracker:
             if self._refresh_due(index):
                 self._refresh_weights()
                 rec.grads_begin = gradient_bytes(self._params)
-            self._sample_memory(rec, None, 0, begin=True)
+            self._sample_memory(rec, None, 0, (0, 0, rec.grads_begin, rec.opt_begin), begin=True)
             if self._ok("timing"):
                 rec.clock.mark(BEGIN)
             if self._sample_due(index):
@@ -423,33 +449,68 @@ class Tracker:
             return True
         return index % (self.sample_every * TRACE_EVERY) == 0
 
+    def _trace_reader(self) -> Any:
+        """Memory in use, read after every op of a traced step: the glibc heap on CPU, the caching
+        allocator's allocated bytes on CUDA (a host-side counter: no synchronization)."""
+        if self._cuda:
+            alloc = self._allocator
+            return alloc.allocated if alloc is not None and self._ok("cuda") else None
+        heap = self._heap
+        return heap.in_use if heap is not None and self._ok("heap") else None
+
+    def _probe_held(self) -> tuple[int, int, int]:
+        rec = self._step
+        watch = rec.grad_watch if rec is not None else None
+        counter = self._counter
+        return counter.alive_activation_bytes, counter.alive_copy_bytes, watch.bytes if watch else 0
+
     def _start_heap_trace(self, rec: _Step) -> None:
-        if self._heap is None or self._cuda or not self._ok("heap") or not self._ok("heap_trace"):
+        read = self._trace_reader()
+        if read is None or not self._ok("heap_trace"):
             return
         try:
-            mode = HeapPeakMode(self._heap)
+            rec.grad_watch = GradientWatcher(self._params)
+            self._counter.track_alive = True
+            mode = HeapPeakMode(read=read, probe=self._probe_held)
             mode.phase = Phase.OTHER
             mode.__enter__()
             rec.heap_mode = mode
+            rec.counting = True  # the trace needs this step's saved tensors
             self._retrace = False
             rec.profiled = True
         except Exception as exc:
+            self._end_watch(rec)
             self._fail("heap_trace", exc)
+
+    def _end_watch(self, rec: _Step) -> None:
+        self._counter.track_alive = False
+        watch, rec.grad_watch = rec.grad_watch, None
+        if watch is not None:
+            try:
+                watch.close()
+            except Exception as exc:
+                self._fail("heap_trace", exc)
 
     def _stop_heap_trace(self, rec: _Step) -> None:
         mode, rec.heap_mode = rec.heap_mode, None
+        self._end_watch(rec)
         try:
             mode.__exit__(None, None, None)
         except Exception as exc:
             self._fail("heap_trace", exc)
             return
-        if mode.failed or rec.heap0 is None or not mode.peaks:
+        start = rec.cuda_m0 if self._cuda else rec.heap0
+        if mode.failed or start is None or not mode.peaks:
             return
         parts = self._parts(rec)
-        growth = [(ph, peak - rec.heap0) for ph, peak in mode.peaks.items()]
+        growth = [(ph, peak - start) for ph, peak in mode.peaks.items()]
         phase, top = max(growth, key=lambda g: g[1])
         temporaries = max(max(g - self._explained(rec, ph, parts) for ph, g in growth), 0)
-        self._traced = (max(top, 0), phase, temporaries)
+        m = mode.moments[phase]
+        in_step = phase in (Phase.FORWARD, Phase.BACKWARD)
+        opt = rec.opt_begin if in_step else (rec.opt_after if rec.opt_after is not None else self._opt_bytes)
+        held = (m.activations, m.weight_copies, m.gradients, opt)
+        self._traced = _Traced(rec.index, max(top, 0), phase, temporaries, held)
 
     def end_step(self, exc: BaseException | None = None) -> None:
         """Close the current step. With ``exc`` (the exception that ended it), an out-of-memory
@@ -479,7 +540,8 @@ class Tracker:
         if self._ok("timing"):
             rec.clock.mark(END)
         if not rec.optimizer_ran:  # otherwise the optimizer's samples already cover the step's end
-            self._sample_memory(rec, Phase.OTHER, self._explained_after_optimizer(rec))
+            explained = self._explained_after_optimizer(rec)
+            self._sample_memory(rec, Phase.OTHER, explained, self._held_after(rec))
         due = exc is not None or self._steps_done == 0
         due = due or time.monotonic() - self._last_built >= self.interval_s
         if self._cuda:
@@ -503,7 +565,7 @@ class Tracker:
         self._resolve_pending()
         self._last_rec = rec  # turned into numbers only when a snapshot is built
         self._dirty = True
-        if exc is None and due:
+        if exc is None:  # every finished step goes to the publisher (latest-only, O(1))
             self._publish_now()
 
     # -- hooks ------------------------------------------------------------------------------------
@@ -535,7 +597,7 @@ class Tracker:
             if ac is not None:
                 self._autocast_dtype = ac
             if self._ok("activations"):
-                count = self._count_due(rec, shape)
+                count = self._count_due(rec, shape) or rec.heap_mode is not None
             self._boundary(rec, Phase.FORWARD)
             if self._ok("timing"):
                 rec.clock.mark(FORWARD_PRE)
@@ -591,7 +653,8 @@ class Tracker:
             if self._ok("timing"):
                 rec.clock.mark(FORWARD_POST)
             earlier_grads = max(self._grad_bytes - rec.grads_begin, 0) if rec.micro > 1 else 0
-            self._sample_memory(rec, Phase.FORWARD, acts + copies + earlier_grads)
+            held = (acts, copies, rec.grads_begin + earlier_grads, rec.opt_begin)
+            self._sample_memory(rec, Phase.FORWARD, acts + copies + earlier_grads, held)
             self._boundary(rec, Phase.BACKWARD)
         except Exception as exc:
             self._fail("forward", exc)
@@ -610,7 +673,8 @@ class Tracker:
         try:
             if self._ok("timing"):
                 rec.clock.mark(BACKWARD_END)
-            self._sample_memory(rec, Phase.BACKWARD, max(self._grad_bytes - rec.grads_begin, 0))
+            held = (0, 0, max(self._grad_bytes, rec.grads_begin), rec.opt_begin)
+            self._sample_memory(rec, Phase.BACKWARD, max(self._grad_bytes - rec.grads_begin, 0), held)
         except Exception as exc:
             self._fail("backward", exc)
 
@@ -628,7 +692,8 @@ class Tracker:
                 except Exception as exc:
                     self._fail("gradients", exc)
             rec.grads = self._grad_bytes
-            self._sample_memory(rec, Phase.BACKWARD, max(rec.grads - rec.grads_begin, 0))
+            held = (0, 0, rec.grads, rec.opt_begin)
+            self._sample_memory(rec, Phase.BACKWARD, max(rec.grads - rec.grads_begin, 0), held)
             self._boundary(rec, Phase.OPTIMIZER)
             if self._ok("timing"):
                 rec.clock.mark(OPTIMIZER_PRE)
@@ -652,7 +717,8 @@ class Tracker:
                     self._fail("optimizer_states", exc)
             rec.opt_after = self._opt_bytes
             if self._refresh_due(rec.index):  # in steady state the heap after the step equals before
-                self._sample_memory(rec, Phase.OPTIMIZER, self._explained_after_optimizer(rec))
+                explained = self._explained_after_optimizer(rec)
+                self._sample_memory(rec, Phase.OPTIMIZER, explained, self._held_after(rec))
             self._boundary(rec, Phase.OTHER)
         except Exception as exc:
             self._fail("optimizer", exc)
@@ -667,7 +733,15 @@ class Tracker:
         states = max((rec.opt_after if rec.opt_after is not None else rec.opt_begin) - rec.opt_begin, 0)
         return grads + states
 
-    def _sample_memory(self, rec: _Step, phase: Phase | None, explained: int, begin: bool = False) -> None:
+    def _held_after(self, rec: _Step) -> Held:
+        """Held after the optimizer (or at a step's end without one): gradients and states, no activations."""
+        grads = rec.grads if rec.grads is not None else self._grad_bytes
+        opt = rec.opt_after if rec.opt_after is not None else self._opt_bytes
+        return (0, 0, grads, opt)
+
+    def _sample_memory(
+        self, rec: _Step, phase: Phase | None, explained: int, held: Held, begin: bool = False
+    ) -> None:
         heap = self._heap
         if heap is None or not self._ok("heap"):
             return
@@ -682,7 +756,7 @@ class Tracker:
             rec.heap0 = now
             if begin:
                 return
-        rec.heap_samples.append((phase or Phase.OTHER, now, explained))
+        rec.heap_samples.append((phase or Phase.OTHER, now, explained, held))
 
     def _boundary(self, rec: _Step, next_phase: Phase) -> None:
         """A phase ends and ``next_phase`` begins: close the allocator's peak window (CUDA) and
@@ -752,12 +826,20 @@ class Tracker:
         phase: Phase | None = None
         source = "none"
         cuda: CudaMemory | None = None
+        at_peak: dict[str, int | None] | None = None
+        at_peak_step: int | None = None
         if self._cuda and rec.cuda_m0 is not None and rec.cuda_peaks and self._ok("cuda"):
             source = "cuda_allocator"
             phase, peak = max(rec.cuda_peaks, key=lambda pp: pp[1])
             temporaries = max(peak - rec.cuda_m0 - self._explained(rec, phase, parts), 0)
             memory[Component.TEMPORARIES.value] = temporaries
             memory[Component.UNATTRIBUTED.value] = max(rec.cuda_m0 - parts["begin"], 0)
+            traced = self._traced
+            if traced is not None and traced.phase is phase:
+                held, at_peak_step = traced.held, traced.step
+            else:  # no trace of this phase yet: what the phase's boundaries say is held in it
+                held, at_peak_step = self._held_in_phase(rec, phase, parts), rec.index
+            at_peak = self._at_peak(peak, rec.cuda_m0 - parts["begin"], held)
             end = rec.cuda_end
             if end is not None:
                 memory[Component.ALLOCATOR_CACHE.value] = max(end.reserved - end.allocated, 0)
@@ -770,18 +852,27 @@ class Tracker:
                 )
         elif rec.heap0 is not None and rec.heap_samples and self._ok("heap"):
             source = "glibc"
-            growth = [(ph, h - rec.heap0, ex) for ph, h, ex in rec.heap_samples]
-            phase, top, _ = max(growth, key=lambda g: g[1])
-            temporaries = max(max(g - ex for _, g, ex in growth), 0)
-            if self._traced is not None:  # the sampled step's per-op trace sees inside the phases
-                traced_top, traced_phase, traced_temporaries = self._traced
-                if traced_top > top:
-                    top, phase = traced_top, traced_phase
-                temporaries = max(temporaries, traced_temporaries)
-            peak = parts["begin"] + max(top, 0)
+            heap0 = rec.heap0
+            temporaries = max(max(h - heap0 - ex for _, h, ex, _ in rec.heap_samples), 0)
+            # The split at the peak comes from the per-op trace, which sees inside the phases; the
+            # boundary readings give it only before the first trace, or when they rise clearly above
+            # the traced peak (the shapes changed: a new trace is due). The peak itself is the highest
+            # reading either way; what the split does not name goes to temporaries.
+            ph0, top, _, held0 = max(rec.heap_samples, key=lambda sample: sample[1])
+            peak, phase, held, at_peak_step = top, ph0, held0, rec.index
+            traced = self._traced
+            if traced is not None:
+                temporaries = max(temporaries, traced.temporaries)
+                traced_peak = heap0 + traced.growth
+                if traced.step == rec.index or top - heap0 <= traced.growth * 1.1:
+                    peak, phase, held, at_peak_step = traced_peak, traced.phase, traced.held, traced.step
+                    if traced.step != rec.index:
+                        peak = max(peak, top)
+            peak = max(peak, heap0)
             memory[Component.TEMPORARIES.value] = temporaries
-            rest = rec.heap0 - parts["begin"]
+            rest = heap0 - parts["begin"]
             memory[Component.UNATTRIBUTED.value] = rest if rest >= 0 else None
+            at_peak = self._at_peak(peak, rest, held)
         return {
             "step": rec.index,
             "memory": memory,
@@ -791,7 +882,60 @@ class Tracker:
             "cuda": cuda,
             "micro": rec.micro,
             "batch": self._batch_size(rec),
+            "at_peak": at_peak if at_peak is not None and self._named_measured() else None,
+            "at_peak_step": at_peak_step if at_peak is not None and self._named_measured() else None,
         }
+
+    def _named_measured(self) -> bool:
+        return all(self._ok(f) for f in ("optimizer_states", "gradients", "activations"))
+
+    @staticmethod
+    def _held_in_phase(rec: _Step, phase: Phase, parts: dict[str, int]) -> Held:
+        """Without a per-op trace: what is held at a phase's peak. In forward and early backward
+        (where a backward peak lies: the activations not yet freed, the first gradients being made)
+        the activations are all held; after backward, gradients and the optimizer's states."""
+        if phase in (Phase.FORWARD, Phase.BACKWARD):
+            earlier = parts["new_grads"] if rec.micro > 1 else 0
+            return (parts["acts"], parts["copies"], rec.grads_begin + earlier, rec.opt_begin)
+        return (0, 0, parts["grads"], parts["opt"])
+
+    def _at_peak(self, peak: int, unattributed: int, held: Held) -> dict[str, int | None]:
+        """The step's peak split into what each component held at its moment, summing to ``peak``.
+
+        Unattributed (memory in use at the step's start beyond weights, optimizer states and gradients)
+        is constant through the step; temporaries are the rest of the peak. If the named tensors and
+        the unattributed part exceed the peak (a trace from an earlier step, gradients freed before the
+        reading), temporaries are 0 and the excess comes off unattributed first, so the sum holds."""
+        acts, copies, grads, opt = held
+        out: dict[str, int] = {
+            Component.WEIGHTS.value: self._weights + copies,
+            Component.OPTIMIZER_STATES.value: opt,
+            Component.GRADIENTS.value: grads,
+            Component.ACTIVATIONS.value: acts,
+            Component.UNATTRIBUTED.value: max(unattributed, 0),
+        }
+        rest = peak - sum(out.values())
+        if rest < 0:
+            excess = -rest
+            if not self._balance_logged:
+                self._balance_logged = True
+                log.info(
+                    "anatomy: the named tensors exceed the step's peak by %d bytes; taken off unattributed",
+                    excess,
+                )
+            for key in (
+                Component.UNATTRIBUTED.value,
+                Component.ACTIVATIONS.value,
+                Component.GRADIENTS.value,
+                Component.OPTIMIZER_STATES.value,
+                Component.WEIGHTS.value,
+            ):
+                take = min(excess, out[key])
+                out[key] -= take
+                excess -= take
+            rest = 0
+        out[Component.TEMPORARIES.value] = rest
+        return dict(out)
 
     def _batch_size(self, rec: _Step) -> int | None:
         """Samples per micro-batch: given per step (or at track()), else counted from the inputs."""
@@ -1005,7 +1149,11 @@ class Tracker:
     def _snapshot(self, result: dict[str, Any] | None, oom: str | None) -> Snapshot:
         precision = self.precision
         kind = self.optimizer_kind
-        expected = {c.value: expected_bytes_per_param(c, precision, kind) for c in MODEL_COMPONENTS}
+        cached = self._expected
+        if cached is None or cached[0] != (precision, kind):
+            table = {c.value: expected_bytes_per_param(c, precision, kind) for c in MODEL_COMPONENTS}
+            cached = self._expected = ((precision, kind), table)
+        expected = dict(cached[1])
         if result is None:
             memory: dict[str, int | None] = {c.value: None for c in Component}
             memory[Component.WEIGHTS.value] = self._weights if self.enabled else None
@@ -1041,11 +1189,30 @@ class Tracker:
             error=self.error,
             oom=oom[:_MAX_TEXT] if oom is not None else None,
             batch_size=result.get("batch"),
+            at_peak=result.get("at_peak"),
+            at_peak_step=result.get("at_peak_step"),
+            memory_in_use=self._in_use_now(self._last_rec),
         )
-        suggestions = self._advise(snap)
+        # Every finished step is built and published; the advisor, the costliest part, runs once per
+        # publish interval (and for an OOM record) and its suggestions stand in between.
+        now = time.monotonic()
+        if oom is not None or now - self._advised_at >= self.interval_s:
+            self._suggestions = self._advise(snap)
+            self._advised_at = now
+        suggestions = self._suggestions
         if suggestions or snap.error != self.error:  # the advisor's own failure shows at once
             snap = replace(snap, suggestions=list(suggestions), error=self.error)
         return snap
+
+    def _in_use_now(self, rec: _Step | None) -> int | None:
+        """Memory in use at the step's end: its last reading, so no extra read (mallinfo2 walks the
+        heap's arenas: ~0.1 ms on a fragmented heap)."""
+        if rec is None or not self.enabled:
+            return None
+        if self._cuda:
+            end = rec.cuda_end
+            return int(end.allocated) if end is not None else None
+        return rec.heap_samples[-1][1] if rec.heap_samples else rec.heap0
 
     def _advise(self, snap: Snapshot) -> list[Suggestion]:
         if not self._ok("advisor"):
@@ -1182,7 +1349,7 @@ def track(
     *,
     publish: bool = True,
     interval_s: float = 0.5,
-    sample_every: int = 50,
+    sample_every: int = SAMPLE_EVERY,
     samples: int | None = None,
     tokens: int | None = None,
     grad_accum_steps: int = 1,

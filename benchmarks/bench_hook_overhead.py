@@ -31,6 +31,8 @@ from pathlib import Path
 
 import torch
 
+from anatomy.tracker import SAMPLE_EVERY
+
 
 def build(layers: int, hidden: int, seed: int = 0) -> torch.nn.Module:
     from transformers import BertConfig, BertForSequenceClassification
@@ -81,7 +83,9 @@ def main() -> None:
     ap.add_argument("--hidden", type=int, default=128)
     ap.add_argument("--batch", type=int, default=8)
     ap.add_argument("--seq", type=int, default=128)
-    ap.add_argument("--sample-every", type=int, default=50, help="the tracker's default is 50")
+    ap.add_argument(
+        "--sample-every", type=int, default=SAMPLE_EVERY, help=f"the tracker's default is {SAMPLE_EVERY}"
+    )
     args = ap.parse_args()
 
     directory = Path(tempfile.mkdtemp(prefix="anatomy-bench-"))

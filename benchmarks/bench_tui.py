@@ -1,7 +1,7 @@
 """anatomy-top's interactive monitor vs nvitop's, in real terminals (tmux), on the same simulated box.
 
 One run: a simulated 8-GPU box with 64 real local processes on it; each tool in its own tmux server and
-session of the same size, at its own default refresh. Measures
+session of the same size. Measures
   - time to first frame: from spawning the session until ``capture-pane`` shows the box's driver version
     and a GPU process's PID (repetitions interleaved between the tools);
   - CPU seconds per minute: user+system CPU time of the tool's process tree (psutil) over a fixed window
@@ -32,12 +32,14 @@ import psutil
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
+from tui.cli import DEFAULT_INTERVAL  # noqa: E402
 from tui.demo import SLEEPERS, spawn_sleepers, stop_processes  # noqa: E402
 from tui.simnvml.curves import Curve  # noqa: E402
 from tui.simnvml.scenario import Scenario  # noqa: E402
 
 WIDTH, HEIGHT = 160, 50
 FIRST_FRAME_TIMEOUT_S = 20.0
+NVITOP_DEFAULT_S = 2.0
 WARMUP_S = 3.0
 
 
@@ -205,38 +207,52 @@ def main(argv: list[str] | None = None) -> int:
             f"bench_tui: {args.gpus} simulated GPUs, {args.processes} processes, tmux {WIDTH}x{HEIGHT}, "
             f"{psutil.cpu_count()} CPUs; first frame x{args.reps} interleaved, CPU window {args.window:g} s"
         )
-        # nvitop refreshes every 2 s by default, anatomy-top every 1 s: also measured at nvitop's pace.
-        same_interval = Tool("anatomy-top --interval 2", [*tools[0].argv, "--interval", "2"])
+        ours, theirs = tools
+        # (ours, the nvitop run it is compared with): defaults first, then the same interval.
+        pairs: list[tuple[Tool, Tool]] = [(ours, theirs)]
+        at_1s = Tool("nvitop --interval 1", [*theirs.argv, "--interval", "1"])
+        pairs.append((Tool("anatomy-top --interval 1", [*ours.argv, "--interval", "1"]), at_1s))
+        if DEFAULT_INTERVAL != NVITOP_DEFAULT_S:
+            pairs.append((Tool("anatomy-top --interval 2", [*ours.argv, "--interval", "2"]), theirs))
         frames: dict[str, list[float]] = {t.name: [] for t in tools}
         for rep in range(args.reps):
             for tool in tools:
                 seconds, _ = first_frame(tool, env, markers, f"ff{rep}-{tool.name}")
                 frames[tool.name].append(seconds)
         cpu: dict[str, tuple[float, float]] = {}
-        for tool in [*tools, same_interval]:
-            cpu[tool.name] = cpu_per_minute(tool, env, markers, args.window, f"cpu-{len(cpu)}")
+        for pair in pairs:
+            for tool in pair:
+                if tool.name not in cpu:
+                    cpu[tool.name] = cpu_per_minute(tool, env, markers, args.window, f"cpu-{len(cpu)}")
     finally:
         stop_processes(sleepers)
         shutil.rmtree(workdir, ignore_errors=True)
 
     base_ff = statistics.median(frames["nvitop"])
-    base_cpu = cpu["nvitop"][0]
+    print(f"anatomy-top's default refresh: {DEFAULT_INTERVAL:g} s; nvitop's: {NVITOP_DEFAULT_S:g} s")
     print(
-        f"{'tool (default refresh)':<26}{'first frame':>12}{'ratio':>8}{'CPU s/min':>12}{'ratio':>8}"
-        f"{'tmux CPU s/min':>16}"
+        f"{'tool':<28}{'first frame':>12}{'ratio':>8}{'CPU s/min':>12}{'ratio':>8}"
+        f"{'tmux CPU s/min':>16}  compared with"
     )
-    for tool in tools:
-        ff = statistics.median(frames[tool.name])
-        tree, server = cpu[tool.name]
-        ratio_cpu = tree / base_cpu if base_cpu > 0 else float("nan")
-        print(
-            f"{tool.name:<26}{ff:>10.3f} s{ff / base_ff:>8.2f}{tree:>12.2f}{ratio_cpu:>8.2f}{server:>16.2f}"
-        )
-    tree, server = cpu[same_interval.name]
-    ratio_cpu = tree / base_cpu if base_cpu > 0 else float("nan")
-    print(f"{same_interval.name:<26}{'':>16}{tree:>12.2f}{ratio_cpu:>8.2f}{server:>16.2f}")
+    printed: set[str] = set()
+    for pair in pairs:
+        base_cpu = cpu[pair[1].name][0]
+        for tool in pair:
+            if tool.name in printed:
+                continue
+            printed.add(tool.name)
+            tree, server = cpu[tool.name]
+            ratio_cpu = tree / base_cpu if base_cpu > 0 else float("nan")
+            if tool.name in frames:
+                ff = statistics.median(frames[tool.name])
+                ff_cells = f"{ff:>10.3f} s{ff / base_ff:>8.2f}"
+            else:
+                ff_cells = f"{'':>20}"
+            against = pair[1].name if tool is pair[0] else ""
+            print(f"{tool.name:<28}{ff_cells}{tree:>12.2f}{ratio_cpu:>8.2f}{server:>16.2f}  {against}")
     for tool in tools:
         print(f"  {tool.name} first frames: " + ", ".join(f"{s:.3f}" for s in frames[tool.name]))
+    base_cpu = cpu["nvitop"][0]
     ours_ff = statistics.median(frames["anatomy-top"])
     ours_cpu = cpu["anatomy-top"][0] / base_cpu if base_cpu > 0 else float("nan")
     print(

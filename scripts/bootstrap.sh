@@ -20,8 +20,10 @@ bootstrap_venv() {
     # Reinstall only when the project's metadata changed: keeps a second run fast.
     if [ ! -f "$stamp" ] || [ "$ROOT/pyproject.toml" -nt "$stamp" ]; then
         # torch is pinned so a CPU-only machine takes the local CPU wheel instead of a multi-GB CUDA build.
+        # compat mode puts the checkout on sys.path instead of an import-hook finder that every
+        # interpreter start would load (measured: 34 ms -> 17 ms for `python -c pass`).
         "$VENV/bin/python" -m pip install --quiet --disable-pip-version-check \
-            -e "$ROOT[$extras]" "torch==2.13.0"
+            --config-settings editable_mode=compat -e "$ROOT[$extras]" "torch==2.13.0"
         touch "$stamp"
     fi
 }

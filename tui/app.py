@@ -3,8 +3,11 @@ on the other.
 
 Data comes from two injected sources (tests pass fakes): ``machine_source.snapshot() -> MachineSnapshot``
 (NVML + host) and ``anatomy_source.poll() -> list[TrainingProcess]`` (the hooks' sockets). Both are
-polled in one thread worker; the next poll is scheduled when the last one finished, so polls never
+polled in one background thread; the next poll is scheduled when the last one was shown, so polls never
 overlap and a slow NVML never blocks the UI. Nothing here imports torch.
+
+A monitor must stay cheap beside a training run: a refresh repaints only the table cells whose text
+changed, and everything static is painted once.
 """
 
 from __future__ import annotations
@@ -13,28 +16,30 @@ import asyncio
 import contextlib
 import signal
 import sys
+import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any, ClassVar, Protocol
 
 from rich.text import Text
-from textual import on, work
+from textual import on
 from textual.app import App, ComposeResult
 from textual.binding import Binding, BindingType
 from textual.containers import Horizontal, Vertical
 from textual.css.query import NoMatches
 from textual.message import Message
 from textual.timer import Timer
-from textual.widgets import Footer, Input
+from textual.widgets import Input
 
+from tui.cli import DEFAULT_INTERVAL
 from tui.sources.anatomy_source import TrainingProcess
 from tui.sources.model import GpuProcess, MachineSnapshot
 from tui.sources.reconcile import nvml_process_bytes
 from tui.widgets.anatomy_pane import AnatomyPane
 from tui.widgets.gpu_table import GpuTable
 from tui.widgets.header import MachineHeader, NvmlBanner
-from tui.widgets.help_screen import HelpScreen
+from tui.widgets.key_bar import KeyBar
 from tui.widgets.line_table import LineTable
 from tui.widgets.process_rows import build_rows
 from tui.widgets.process_table import ProcessTable
@@ -137,7 +142,7 @@ class AnatomyTopApp(App[int]):
         self,
         machine_source: MachineSourceLike,
         anatomy_source: AnatomySourceLike,
-        interval: float = 1.0,
+        interval: float = DEFAULT_INTERVAL,
         *,
         handle_signals: bool = True,
         close_sources: bool = True,
@@ -164,6 +169,7 @@ class AnatomyTopApp(App[int]):
         self._prefetched: Future[Polled] | None = None
         self._timer: Timer | None = None
         self._signals_installed = False
+        self._anatomy_shown: tuple[object, ...] | None = None  # what the anatomy pane last drew
 
     # -- layout ----------------------------------------------------------------------------------
 
@@ -179,7 +185,7 @@ class AnatomyTopApp(App[int]):
                 yield Input(placeholder="filter: command, user or PID", id="filter")
                 yield ProcessTable(id="processes")
             yield AnatomyPane(id="anatomy")
-        yield Footer()
+        yield KeyBar([b for b in self.BINDINGS if isinstance(b, Binding)], id="keys")
 
     def on_mount(self) -> None:
         self.query_one("#filter", Input).display = False
@@ -226,11 +232,14 @@ class AnatomyTopApp(App[int]):
         if self.paused or self._polling:
             return
         self._polling = True
-        self._poll_worker()
-
-    @work(thread=True, group="poll", exit_on_error=False)
-    def _poll_worker(self) -> None:
         prefetched, self._prefetched = self._prefetched, None
+        # A plain daemon thread, not a Textual worker: a worker sends three state-change messages
+        # through the app's queue on every refresh; a daemon never holds up the exit if NVML hangs.
+        threading.Thread(
+            target=self._poll_in_thread, args=(prefetched,), name="anatomy-top-poll", daemon=True
+        ).start()
+
+    def _poll_in_thread(self, prefetched: Future[Polled] | None) -> None:
         if prefetched is not None:
             try:
                 polled = prefetched.result(timeout=60.0)
@@ -238,7 +247,8 @@ class AnatomyTopApp(App[int]):
                 polled = Polled(None, [], None, [f"first sample: {type(exc).__name__}: {exc}"])
         else:
             polled = self.collect()
-        self.post_message(polled)
+        with contextlib.suppress(RuntimeError):  # the event loop closed while this sample was taken
+            self.post_message(polled)
 
     def collect(self) -> Polled:
         """One sample of both sources (blocking: call it off the UI thread). Never raises."""
@@ -388,7 +398,14 @@ class AnatomyTopApp(App[int]):
         if process is not None and process.rank_group is not None:
             group = [t for t in self.training if t.rank_group == process.rank_group]
         nvml_bytes = nvml_bytes_for(self.machine, process.pid) if process is not None else None
-        pane.show(process, group, nvml_bytes, hint=hint, stale_s=self._stale_seconds(process))
+        stale_s = self._stale_seconds(process)
+        # The anatomy source hands out new objects every poll; a publisher that sent nothing new
+        # compares equal (same snapshot object), and then the pane has nothing new to draw.
+        shown = (process, tuple(group), nvml_bytes, hint, None if stale_s is None else int(stale_s))
+        if shown == self._anatomy_shown and pane.process is not None and pane.process == process:
+            return
+        self._anatomy_shown = shown
+        pane.show(process, group, nvml_bytes, hint=hint, stale_s=stale_s)
 
     def _stale_seconds(self, process: TrainingProcess | None) -> float | None:
         """How long a live publisher has sent nothing new, once that is clearly more than its pace."""
@@ -425,11 +442,13 @@ class AnatomyTopApp(App[int]):
     # -- actions -------------------------------------------------------------------------------
 
     def action_help(self) -> None:
+        from tui.widgets.help_screen import HelpScreen  # not needed for the first frame
+
         if not isinstance(self.screen, HelpScreen):
             self.push_screen(HelpScreen())
 
     def action_switch_pane(self) -> None:
-        if isinstance(self.screen, HelpScreen):
+        if self.screen is not self.screen_stack[0]:  # the help screen (or another modal) is up
             return
         self.pane = PANE_ANATOMY if self.pane == PANE_NVSMI else PANE_NVSMI
         body = self.query_one("#body")
@@ -520,7 +539,7 @@ class AnatomyTopApp(App[int]):
 
 def run_app(args: Any) -> int:
     """Run the monitor in this terminal with the real sources; returns the exit status."""
-    interval = float(getattr(args, "interval", 1.0) or 1.0)
+    interval = float(getattr(args, "interval", DEFAULT_INTERVAL) or DEFAULT_INTERVAL)
     try:
         from tui.sources.anatomy_source import AnatomySource
         from tui.sources.machine import MachineSource

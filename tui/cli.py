@@ -5,34 +5,77 @@
     anatomy-top --demo              either of the above against a simulated 8-GPU box
     anatomy-top plan ...            pre-flight memory plan (anatomy.plan_cli)
 
-Imports stay lazy: ``--once`` must not pay for Textual, and ``plan`` alone needs torch.
+Start-up matters for ``--once`` (people run it in loops and scripts): nothing is imported before it is
+needed. ``--once`` loads no Textual, no rich, no argparse for the common flags, no json for text, no
+psutil on Linux (``tui.sources.procfs``), and the anatomy side only when a training process may be
+publishing.
 """
 
 from __future__ import annotations
 
-import argparse
-import json
-import math
 import os
 import sys
 from collections.abc import Callable, Sequence
-from typing import Any
+
+from tui import __version__
+
+# typing is not imported at run time (~3 ms of --once start-up); the names are for type checkers.
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    import argparse
+    from typing import Any
+
+    from tui.sources.model import GpuProcess, HostInfo, MachineSnapshot
 
 PROG = "anatomy-top"
-DEFAULT_INTERVAL = 1.0
+DEFAULT_INTERVAL = 2.0  # as nvitop: the screen stays fresh at half the CPU of 1 s (benchmarks/bench_tui.py)
 MIN_INTERVAL = 0.1
 MAX_INTERVAL = 3600.0
 ONCE_WAIT_S = 1.0  # how long --once waits for each training process's first snapshot
+DEMO_WAIT_S = 30.0  # how long --demo --once waits for the demo's training job to publish
+# What the text report never prints: not asked of NVML by `--once` without --json.
+TEXT_OMITS = ("uuid", "nvml_version")
+# Flags --once may come with that need no parser (anything else goes through argparse).
+_SIMPLE_FLAGS = frozenset({"--once", "--json", "--demo"})
+
+DESCRIPTION = """\
+Watch where GPU memory and time go during deep-learning training: nvidia-smi's view
+(GPUs, processes, host) next to each training step's anatomy (weights, optimizer states,
+gradients, activations, temporaries; contractions, normalizations, element-wise ops),
+measured by the in-process hook (anatomy.track / anatomy.AnatomyCallback)."""
+
+EXAMPLES = f"""\
+subcommands:
+  plan MODEL [options]  pre-flight memory plan of a transformers model before training:
+                        weights, optimizer states, gradients, activations, the largest batch
+                        that fits (needs the 'train' extra; see '{PROG} plan --help')
+
+examples:
+  {PROG}                        live monitor, refreshed every second
+  {PROG} --interval 0.5         live monitor, twice a second
+  {PROG} --once                 one nvidia-smi-style text report, then exit
+  {PROG} --once --json          one JSON document for scripts (e.g. | jq .gpus)
+  {PROG} --demo                 no GPU? a simulated 8-GPU box with a small training job
+  {PROG} --demo --once          the same box as one report (waits for the job's first step)
+  {PROG} plan ./my-model/config.json --batch-size 8 --seq-len 1024 --precision bf16 --gpu A100-40GB
+"""
 
 
-def _version() -> str:
-    from tui.report.smi_text import tool_version
+class _Options:
+    """What the monitor and --once read from the command line (argparse's Namespace, minus argparse)."""
 
-    return tool_version()
+    def __init__(self, once: bool = False, json: bool = False, demo: bool = False) -> None:
+        self.once = once
+        self.json = json
+        self.demo = demo
+        self.interval = DEFAULT_INTERVAL
 
 
 def interval_seconds(text: str) -> float:
     """argparse type for --interval: a finite number of seconds within [MIN_INTERVAL, MAX_INTERVAL]."""
+    import argparse
+    import math
+
     try:
         value = float(text)
     except ValueError:
@@ -44,108 +87,72 @@ def interval_seconds(text: str) -> float:
     return value
 
 
-class _VersionAction(argparse.Action):
-    # The version is looked up only when asked for (importlib.metadata is not free).
-    def __init__(self, option_strings: Sequence[str], dest: str, **kwargs: Any) -> None:
-        super().__init__(option_strings, dest, nargs=0, help="print the version and exit")
-
-    def __call__(self, parser: argparse.ArgumentParser, *args: Any, **kwargs: Any) -> None:
-        print(f"{PROG} {_version()}")
-        parser.exit(0)
-
-
 def build_parser() -> argparse.ArgumentParser:
+    import argparse
+
     parser = argparse.ArgumentParser(
         prog=PROG,
-        description=(
-            "Watch where GPU memory and time go during deep-learning training: nvidia-smi's view "
-            "next to the training step's anatomy."
-        ),
-        epilog=(
-            "subcommands:\n  plan ...     pre-flight memory plan for a model "
-            f"(see '{PROG} plan --help'; needs the 'train' extra)"
-        ),
+        description=DESCRIPTION,
+        epilog=EXAMPLES,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    parser.add_argument("--once", action="store_true", help="print one report and exit")
-    parser.add_argument("--json", action="store_true", help="with --once: one JSON document instead of text")
+    parser.add_argument("--once", action="store_true", help="print one report and exit (no live monitor)")
     parser.add_argument(
-        "--demo", action="store_true", help="run against a simulated 8-GPU box with a small training job"
+        "--json", action="store_true", help="with --once: one JSON document instead of the text report"
+    )
+    parser.add_argument(
+        "--demo",
+        action="store_true",
+        help="a simulated 8-GPU box with a small CPU training job: try it without a GPU",
     )
     parser.add_argument(
         "--interval",
         type=interval_seconds,
         default=DEFAULT_INTERVAL,
         metavar="SECONDS",
-        help=f"refresh interval of the monitor (default {DEFAULT_INTERVAL:g})",
+        help=f"refresh interval of the live monitor, {MIN_INTERVAL:g} to {MAX_INTERVAL:g} "
+        f"(default {DEFAULT_INTERVAL:g})",
     )
-    parser.add_argument("--version", action=_VersionAction)
+    parser.add_argument(
+        "--version", action="version", version=f"{PROG} {__version__}", help="print the version and exit"
+    )
     return parser
 
 
-def parse_args(argv: Sequence[str]) -> argparse.Namespace:
+def parse_args(argv: Sequence[str]) -> argparse.Namespace | _Options:
+    argv = list(argv)
+    if "--once" in argv and _SIMPLE_FLAGS.issuperset(argv):
+        # The common one-shot invocations: no argparse import (~5 ms) for a parse this simple.
+        return _Options(once=True, json="--json" in argv, demo="--demo" in argv)
     parser = build_parser()
-    args = parser.parse_args(list(argv))
+    args = parser.parse_args(argv)
     if args.json and not args.once:
         parser.error("--json only goes with --once")
     return args
 
 
 # ------------------------------------------------------------------------------------------ demo
-def _demo_env(train: bool = True) -> Callable[[], None]:
-    """Point this process at the simulated 8-GPU box; return the function that tears it down.
+def start_demo(once: bool) -> Callable[[], None]:
+    """Point this process at the simulated 8-GPU box and start the demo's training job; return the
+    function that ends it all. With ``once``, wait until the training job publishes its first step, so
+    the one report shows its anatomy (plain ``--demo`` starts the monitor right away)."""
+    from tui.demo import start_demo as start
 
-    ``train``: also start the demo's small CPU training job (pointless for ``--once``: it would not
-    publish its first step before the report is printed).
-    """
-    try:
-        from tui.demo import start_demo
-    except ImportError:
-        return _minimal_demo_env()
-    handle = start_demo(train=train)
-    return handle.stop
-
-
-def _minimal_demo_env() -> Callable[[], None]:
-    """The demo without its training job: sleeper processes on a simulated box (fallback)."""
-    import atexit
-    import shutil
-    import subprocess
-    import tempfile
-    from pathlib import Path
-
-    from tui.simnvml import Scenario
-
-    directory = Path(tempfile.mkdtemp(prefix="anatomy-top-demo-"))
-    sleepers: list[subprocess.Popen[bytes]] = []
-    for rank in range(8):
-        command = f"python train.py --config llama-7b.yaml --rank {rank}"
-        sleepers.append(
-            subprocess.Popen(
-                ["bash", "-c", f'exec -a "{command}" sleep 100000'],
-                stdin=subprocess.DEVNULL,
-                stdout=subprocess.DEVNULL,
-                stderr=subprocess.DEVNULL,
-            )
+    handle = start(train=True)
+    if once and handle.train is not None:
+        print(
+            f"{PROG}: starting the demo's training job; waiting up to {DEMO_WAIT_S:g} s for its first "
+            "step to be published ...",
+            file=sys.stderr,
+            flush=True,
         )
-    scenario_path = directory / "scenario.json"
-    Scenario.demo_box(n_gpus=8, pids=[p.pid for p in sleepers]).to_json(scenario_path)
-    saved = os.environ.get("ANATOMY_TOP_SIMULATE")
-    os.environ["ANATOMY_TOP_SIMULATE"] = str(scenario_path)
-
-    def stop() -> None:
-        for proc in sleepers:
-            if proc.poll() is None:
-                proc.kill()
-                proc.wait()
-        if saved is None:
-            os.environ.pop("ANATOMY_TOP_SIMULATE", None)
-        else:
-            os.environ["ANATOMY_TOP_SIMULATE"] = saved
-        shutil.rmtree(directory, ignore_errors=True)
-
-    atexit.register(stop)
-    return stop
+        if not handle.wait_until_publishing(DEMO_WAIT_S):
+            print(
+                f"{PROG}: the demo's training job did not publish in time; the report shows no anatomy "
+                f"(its log: {handle.train_log})",
+                file=sys.stderr,
+            )
+    return handle.stop
 
 
 # ------------------------------------------------------------------------------------------ once
@@ -174,8 +181,8 @@ def _may_have_publishers() -> bool:
     return False
 
 
-def _training(machine: Any, as_json: bool) -> Any:
-    """Each publishing training process's anatomy for --once (empty when none publishes)."""
+def _training(machine: MachineSnapshot, as_json: bool) -> Any:
+    """Each publishing training process's anatomy for --once (None when none publishes)."""
     if not _may_have_publishers():
         return None
     try:
@@ -196,19 +203,63 @@ def _training(machine: Any, as_json: bool) -> Any:
         return None
 
 
-def run_once(as_json: bool) -> int:
-    from tui.sources.machine import MachineSource
+def _host_side(processes: tuple[GpuProcess, ...]) -> tuple[tuple[GpuProcess, ...], HostInfo]:
+    """The host's view of NVML's processes, and the host line: /proc on Linux, psutil elsewhere."""
+    from tui.sources import procfs
+    from tui.sources.model import HostInfo
 
-    source = MachineSource()
+    if procfs.available():
+        enrich: Callable[[], tuple[GpuProcess, ...]] = lambda: procfs.enrich(processes)  # noqa: E731
+        host: Callable[[], HostInfo] = procfs.host
+    else:
+        from tui.sources.host import HostSource
+        from tui.sources.processes import ProcessEnricher
+
+        enrich = lambda: ProcessEnricher().enrich(processes)  # noqa: E731
+        host = HostSource().snapshot
     try:
-        machine = source.snapshot()
-        calls = source.last_nvml_calls
+        enriched = enrich()
+    except Exception:  # enrichment is a bonus: NVML's own facts still stand
+        enriched = processes
+    try:
+        info = host()
+    except Exception:
+        info = HostInfo()
+    return enriched, info
+
+
+def machine_once(omit: Sequence[str] = ()) -> tuple[MachineSnapshot, int]:
+    """One machine snapshot for a one-shot report, and the NVML calls it took.
+
+    What ``MachineSource().snapshot()`` gives, without its state for later refreshes: one NVML pass
+    asking only for what is printed (``omit``), then NVML is shut down before the host is read.
+    """
+    import time
+
+    from tui.sources.model import MachineSnapshot
+    from tui.sources.nvml import NvmlSource
+
+    now = time.time()
+    source = NvmlSource(omit=omit)
+    try:
+        reading = source.query()
     finally:
         source.close()
+    processes, host = _host_side(reading.processes)
+    machine = MachineSnapshot(
+        time=now, nvml=reading.status, gpus=reading.gpus, processes=processes, host=host
+    )
+    return machine, reading.calls
+
+
+def run_once(as_json: bool) -> int:
+    machine, calls = machine_once(() if as_json else TEXT_OMITS)
     training = _training(machine, as_json)
     if not machine.nvml.available:
         print(f"{PROG}: no GPU shown: {machine.nvml.reason}", file=sys.stderr)
     if as_json:
+        import json
+
         from tui.report.once_json import render_json
 
         out = json.dumps(render_json(machine, training, nvml_calls=calls), indent=2) + "\n"
@@ -247,7 +298,7 @@ def run_plan(argv: Sequence[str]) -> int:
     return int(plan_main(list(argv)) or 0)
 
 
-def run_monitor(args: argparse.Namespace) -> int:
+def run_monitor(args: Any) -> int:
     try:
         from tui.app import run_app
     except ImportError as exc:
@@ -264,7 +315,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     stop: Callable[[], None] | None = None
     try:
         if args.demo:
-            stop = _demo_env(train=not args.once)
+            stop = start_demo(once=args.once)
         if args.once:
             return run_once(args.json)
         return run_monitor(args)

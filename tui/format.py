@@ -92,6 +92,26 @@ def fmt_duration(seconds: float | None, na: str = NA) -> str:
     return f"{minutes:02d}:{secs:02d}"
 
 
+def fmt_elapsed(seconds: float | None, na: str = NA) -> str:
+    """A process's running time at the precision a monitor needs: ``42s``, ``17m``, ``5h07m``,
+    ``3d04h``. Past the first minute it changes at most once a minute, so a table of long-running
+    processes does not repaint every row on every refresh just because a seconds digit moved."""
+    if not _finite(seconds):
+        return na
+    assert seconds is not None
+    total = max(0, int(seconds))
+    if total < 60:
+        return f"{total}s"
+    minutes = total // 60
+    if minutes < 60:
+        return f"{minutes}m"
+    hours, minutes = divmod(minutes, 60)
+    if hours < 24:
+        return f"{hours}h{minutes:02d}m"
+    days, hours = divmod(hours, 24)
+    return f"{days}d{hours:02d}h"
+
+
 def fmt_seconds(seconds: float | None, na: str = NA) -> str:
     """Short spans such as step times: ``850 µs``, ``412 ms``, ``1.23 s``, ``75.0 s``."""
     if not _finite(seconds):

@@ -192,3 +192,52 @@ def test_is_oom() -> None:
     assert is_oom(RuntimeError("DefaultCPUAllocator: can't allocate memory: you tried to allocate 1 bytes"))
     assert is_oom(MemoryError())
     assert not is_oom(ValueError("shapes do not match"))
+
+
+def test_alive_saved_tensors_are_followed_through_backward() -> None:
+    """On a traced step the counter knows what is still held at any moment: everything saved after the
+    forward, less as backward frees each node's saved tensors, nothing after it."""
+    lin1, lin2 = torch.nn.Linear(64, 128), torch.nn.Linear(128, 8)
+    params = [*lin1.parameters(), *lin2.parameters()]
+    x = torch.randn(32, 64)
+    counter = SavedTensorCounter(params)
+    counter.track_alive = True
+    seen_in_backward: list[int] = []
+    with counter:
+        h = lin1(x)
+        a = torch.relu(h)  # saves its output a
+        y = lin2(a)  # saves a again (same storage): counted once
+        loss = (y * y).sum()  # saves y
+    assert (
+        counter.alive_activation_bytes
+        == counter.activation_bytes
+        == a.numel() * 4 + y.numel() * 4 + x.numel() * 4
+    )
+    a.register_hook(lambda g: seen_in_backward.append(counter.alive_activation_bytes))
+    del h, a, y
+    loss.backward()
+    # when a's gradient arrived, mul's saved y was freed; relu's saved a (its output) not yet
+    assert seen_in_backward == [x.numel() * 4 + 32 * 128 * 4]
+    assert counter.alive_activation_bytes == x.numel() * 4  # x is still held here, by the test
+    del x
+    assert counter.alive_activation_bytes == 0
+    counter.track_alive = False
+
+
+def test_gradient_watcher_counts_gradients_as_they_appear() -> None:
+    from anatomy.memory import GradientWatcher
+
+    lin1, lin2 = torch.nn.Linear(16, 32), torch.nn.Linear(32, 4)
+    params = [*lin1.parameters(), *lin2.parameters()]
+    watch = GradientWatcher(params)
+    assert watch.bytes == 0
+    lin2(lin1(torch.randn(8, 16))).sum().backward()
+    assert watch.bytes == gradient_bytes(params) == sum(p.numel() * 4 for p in params)
+    lin2(lin1(torch.randn(8, 16))).sum().backward()  # accumulates into the same tensors: no change
+    assert watch.bytes == gradient_bytes(params)
+    torch.optim.SGD(params, lr=0.1).zero_grad(set_to_none=True)  # freed: no longer held
+    assert watch.bytes == 0
+    lin2(lin1(torch.randn(8, 16))).sum().backward()  # new gradient tensors: counted once more
+    assert watch.bytes == gradient_bytes(params) == sum(p.numel() * 4 for p in params)
+    watch.close()
+    assert all(not p._post_accumulate_grad_hooks for p in params)  # closed: no hook left behind

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 from pathlib import Path
 from types import SimpleNamespace
@@ -317,7 +318,8 @@ def test_advisor_suggestions_attached_and_its_failures_contained(
     monkeypatch.setattr(anatomy.advisor, "advise", advise)
     model = _bert(hk)
     opt = torch.optim.AdamW(model.parameters())
-    with anatomy.track(model, opt, publish=False, sample_every=0) as tracker:
+    # interval 0: the advisor runs on every step's snapshot (else once per publish interval)
+    with anatomy.track(model, opt, publish=False, sample_every=0, interval_s=0.0) as tracker:
         hk.train_steps(model, opt, 2, tracker, batch=_batch(hk))
         snap = tracker.latest
         assert snap is not None and len(snap.suggestions) == 1
@@ -332,3 +334,107 @@ def test_advisor_suggestions_attached_and_its_failures_contained(
         snap = tracker.latest
     assert snap is not None and snap.step == 2 and snap.suggestions == []
     assert snap.error is not None and "advisor bug" in snap.error
+
+
+def test_every_step_is_published_and_close_sends_the_last(hk: SimpleNamespace, runtime_dir: Path) -> None:
+    """Steps far shorter than the publish interval: each one still reaches the publisher, and after
+    close() a reader holds the final step (the one a monitor shows when training stopped)."""
+    model = _bert(hk)
+    opt = torch.optim.AdamW(model.parameters())
+    batch = _batch(hk)
+    tracker = anatomy.track(model, opt, interval_s=60.0, sample_every=0)
+    published: list[int] = []
+    hk.train_steps(model, opt, 1, tracker, batch=batch)
+    pub = tracker._publisher
+    assert pub is not None and tracker.socket_path is not None
+    original = pub.publish
+    pub.publish = lambda snap: (published.append(snap.step), original(snap))  # type: ignore[method-assign]
+    with protocol.Reader(tracker.socket_path) as reader:
+        reader.wait()
+        hk.train_steps(model, opt, 4, tracker, batch=batch)
+        assert published == [1, 2, 3, 4]  # every finished step, though the interval is a minute
+        tracker.close()
+        import time
+
+        deadline = time.monotonic() + 5
+        while (reader.snapshot is None or reader.snapshot.step < 4) and time.monotonic() < deadline:
+            reader.poll()
+            time.sleep(0.02)
+        assert reader.snapshot is not None and reader.snapshot.step == 4
+        at_peak = reader.snapshot.at_peak
+        assert at_peak is not None and sum(v or 0 for v in at_peak.values()) == reader.snapshot.peak_bytes
+
+
+def test_defaults_and_the_traced_step_leaves_nothing_behind(hk: SimpleNamespace) -> None:
+    import inspect
+
+    assert inspect.signature(anatomy.track).parameters["sample_every"].default == 100
+    model = _bert(hk)
+    opt = torch.optim.AdamW(model.parameters())
+    with anatomy.track(model, opt, publish=False) as tracker:
+        assert tracker.sample_every == 100
+        hk.train_steps(model, opt, 3, tracker, batch=_batch(hk))  # step 1 is sampled and traced
+        snap = tracker.latest
+        assert snap is not None and snap.at_peak_step == 1 and snap.op_groups_step == 1
+        assert not tracker._counter.track_alive and tracker._counter.alive_activation_bytes == 0
+        assert all(not p._post_accumulate_grad_hooks for p in model.parameters())
+
+
+def test_split_at_peak_under_gradient_accumulation(hk: SimpleNamespace) -> None:
+    """Two micro-batches: the split still sums to the peak; at a peak inside the step the first
+    micro-batch's gradients are held with the second one's activations."""
+    model = _bert(hk)
+    opt = torch.optim.AdamW(model.parameters())
+    with anatomy.track(model, opt, publish=False, sample_every=2) as tracker:
+        hk.train_steps(model, opt, 3, tracker, batch=_batch(hk, batch=16), accum=2)
+        history = list(tracker.history)
+    assert len(history) == 3
+    for snap in history:
+        assert snap.at_peak is not None and snap.peak_bytes is not None
+        assert sum(v or 0 for v in snap.at_peak.values()) == snap.peak_bytes
+        assert all(v is not None and v >= 0 for v in snap.at_peak.values())
+    last = history[-1]
+    assert last.at_peak is not None and last.at_peak_step == 1
+    assert last.peak_phase in ("forward", "backward")  # activations of 16 samples top AdamW's temporaries
+    assert last.at_peak[Component.GRADIENTS.value] == tracker._grad_bytes  # micro-batch 1's
+    assert last.at_peak[Component.ACTIVATIONS.value] > 0.5 * (last.memory[Component.ACTIVATIONS.value] or 0)
+
+
+def test_split_at_peak_on_the_wire_is_optional_and_validated() -> None:
+    base = protocol.Snapshot(
+        pid=1, seq=1, time=0.0, step=3, memory={"weights": 10}, expected_bytes_per_param={}, parameter_count=2
+    )
+    assert protocol.decode(protocol.encode(base)) == base  # an older hook's snapshot: no split
+    split = {"weights": 10, "activations": None, "temporaries": 5, "unattributed": 7}
+    snap = dataclasses.replace(base, at_peak=split, at_peak_step=2, memory_in_use=21, peak_bytes=22)
+    assert protocol.decode(protocol.encode(snap)) == snap
+    for bad in ({"weights": -1}, {"nonsense": 1}, {"weights": 1.5}):
+        d = protocol.to_dict(dataclasses.replace(base, at_peak=bad))  # type: ignore[arg-type]
+        with pytest.raises(protocol.ProtocolError):
+            protocol.from_dict(d)
+    d = protocol.to_dict(base)
+    d["at_peak_step"] = "2"
+    with pytest.raises(protocol.ProtocolError):
+        protocol.from_dict(d)
+
+
+def test_advisor_runs_once_per_interval_while_every_step_is_built(
+    hk: SimpleNamespace, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import anatomy.advisor
+
+    calls: list[int] = []
+
+    def advise(hello: object, snap: protocol.Snapshot, history: object, savings: object) -> list:
+        calls.append(snap.step)
+        return [protocol.Suggestion("test", "t", "d", "measured")]
+
+    monkeypatch.setattr(anatomy.advisor, "advise", advise)
+    model = _bert(hk)
+    opt = torch.optim.AdamW(model.parameters())
+    with anatomy.track(model, opt, publish=False, sample_every=0, interval_s=60.0) as tracker:
+        hk.train_steps(model, opt, 4, tracker, batch=_batch(hk))
+        steps = [s.step for s in tracker.history]
+        assert steps == [0, 1, 2, 3]  # every step built
+        assert calls == [0]  # the advisor once in the interval; its suggestions stand
+        assert all(len(s.suggestions) == 1 for s in tracker.history)

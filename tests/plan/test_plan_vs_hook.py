@@ -68,5 +68,8 @@ def test_plan_matches_hook(
     # On CPU the hook reads the heap at phase boundaries, so its peak is a lower bound of the true one:
     # it misses a peak inside backward (up to ~27% lower with checkpointing's recompute). The peak is
     # checked against a per-op heap reading in test_plan_accuracy.py; here the plan must not be below.
-    assert snap.peak_bytes is not None
-    assert result.peak_bytes >= snap.peak_bytes * 0.98
+    # The hook's CPU peak is the whole heap in use (F1); without what the process holds outside the
+    # training tensors (the split's unattributed row) it is the tensors' peak the plan predicts.
+    assert snap.peak_bytes is not None and snap.at_peak is not None
+    tensors_peak = snap.peak_bytes - (snap.at_peak.get(Component.UNATTRIBUTED.value) or 0)
+    assert result.peak_bytes >= tensors_peak * 0.98

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import ctypes.util
+import importlib.util
 import json
 import os
 import subprocess
@@ -168,12 +169,15 @@ def test_bad_input_subprocess_no_traceback(tmp_path: Path) -> None:
 
 def test_interval_parsing() -> None:
     assert cli.parse_args(["--interval", "2.5"]).interval == 2.5
-    assert cli.parse_args([]).interval == cli.DEFAULT_INTERVAL == 1.0
+    assert cli.parse_args([]).interval == cli.DEFAULT_INTERVAL == 2.0
 
 
 def test_version(capsys: pytest.CaptureFixture[str]) -> None:
     from importlib.metadata import version
 
+    import tui
+
+    assert tui.__version__ == version("anatomy-top")  # pyproject and the package agree
     with pytest.raises(SystemExit) as exc:
         cli.main(["--version"])
     assert exc.value.code == 0 and capsys.readouterr().out == f"anatomy-top {version('anatomy-top')}\n"
@@ -210,15 +214,127 @@ def test_monitor_gets_the_parsed_options(monkeypatch: pytest.MonkeyPatch) -> Non
     assert seen[0].interval == 2.0 and seen[0].once is False
 
 
-def test_demo_once_json(tmp_path: Path) -> None:
+@pytest.mark.slow
+@pytest.mark.skipif(importlib.util.find_spec("torch") is None, reason="the demo's training job needs torch")
+def test_demo_once_json_shows_the_training_jobs_anatomy(tmp_path: Path) -> None:
     result = run_cli("--demo", "--once", "--json", tmp_path=tmp_path)
     assert result.returncode == 0, result.stderr
+    assert result.stderr.startswith("anatomy-top: starting the demo's training job; waiting up to 30 s")
+    assert result.stderr.count("\n") == 1 and "Traceback" not in result.stderr
     doc = json.loads(result.stdout)
     assert [g["name"] for g in doc["gpus"]] == ["NVIDIA H100 80GB HBM3"] * 8
     assert doc["processes"] and all(p["alive"] for p in doc["processes"])
+    (training,) = doc["training"]
+    on_gpu0 = [p["pid"] for p in doc["processes"] if p["gpu_index"] == 0]
+    assert training["pid"] in on_gpu0  # the job the simulated box places on GPU 0
+    assert (
+        training["state"] == "live"
+        and training["snapshot"]["step"] >= 0
+        and training["snapshot"]["memory"]["weights"] > 0
+    )
     for p in doc["processes"]:  # the demo's processes are gone once it exits
         with pytest.raises(ProcessLookupError):
             os.kill(p["pid"], 0)
+
+
+class _FakeDemoHandle:
+    def __init__(self, log: list[str], train: bool = True) -> None:
+        self.log = log
+        self.train = object() if train else None
+        self.train_log = Path("/nonexistent/train.log")
+
+    def wait_until_publishing(self, timeout: float = 30.0) -> bool:
+        self.log.append(f"wait {timeout:g}")
+        return False
+
+    def stop(self) -> None:
+        self.log.append("stop")
+
+
+@pytest.fixture
+def fake_demo(monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    """``tui.demo``, ``tui.app`` and the one-shot report replaced by recorders: what main() calls when."""
+    log: list[str] = []
+    demo = ModuleType("tui.demo")
+
+    def start_demo(train: bool = True) -> _FakeDemoHandle:
+        log.append(f"start train={train}")
+        return _FakeDemoHandle(log)
+
+    demo.start_demo = start_demo  # type: ignore[attr-defined]
+    app = ModuleType("tui.app")
+    app.run_app = lambda args: log.append("monitor") or 0  # type: ignore[attr-defined]
+    monkeypatch.setitem(sys.modules, "tui.demo", demo)
+    monkeypatch.setitem(sys.modules, "tui.app", app)
+    monkeypatch.setattr(cli, "run_once", lambda as_json: log.append(f"once json={as_json}") or 0)
+    return log
+
+
+def test_demo_once_waits_for_the_training_job_then_stops_it(
+    fake_demo: list[str], capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert cli.main(["--demo", "--once"]) == 0
+    assert fake_demo == ["start train=True", "wait 30", "once json=False", "stop"]
+    err = capsys.readouterr().err
+    assert "waiting up to 30 s for its first step" in err and "did not publish in time" in err
+
+
+def test_plain_demo_starts_the_monitor_without_waiting(fake_demo: list[str]) -> None:
+    assert cli.main(["--demo", "--interval", "2"]) == 0
+    assert fake_demo == ["start train=True", "monitor", "stop"]
+
+
+# ------------------------------------------------------------------------------------- options, help
+SIMPLE_ONCE = [["--once"], ["--once", "--json"], ["--json", "--once"], ["--demo", "--once"]]
+
+
+@pytest.mark.parametrize("argv", [*SIMPLE_ONCE, ["--once", "--demo", "--json"]])
+def test_simple_once_flags_parse_like_argparse(argv: list[str]) -> None:
+    fast = cli.parse_args(argv)
+    assert not isinstance(fast, __import__("argparse").Namespace)  # the parser-free path was taken
+    full = cli.build_parser().parse_args(argv)
+    assert {k: getattr(fast, k) for k in vars(full)} == vars(full)
+
+
+def test_help_lists_every_option_and_a_plan_example(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("COLUMNS", "100")
+    with pytest.raises(SystemExit) as exc:
+        cli.main(["--help"])
+    assert exc.value.code == 0
+    out = capsys.readouterr().out
+    for action in cli.build_parser()._actions:
+        for option in action.option_strings:
+            assert option in out
+        assert action.help and " ".join(action.help.split()[:3]) in " ".join(out.split())
+    plan_examples = [line for line in out.splitlines() if line.strip().startswith("anatomy-top plan ")]
+    assert plan_examples and "--batch-size" in plan_examples[0]
+    assert "--demo --once" in out
+
+
+def test_once_loads_only_what_it_needs(tmp_path: Path) -> None:
+    """The start-up contract of --once: none of these modules (each costs milliseconds) is imported."""
+    code = (
+        "import sys, io, contextlib\n"
+        "from tui.cli import main\n"
+        "with contextlib.redirect_stdout(io.StringIO()):\n"
+        "    main(sys.argv[1:])\n"
+        "sys.stderr.write(' '.join(sorted(sys.modules)))\n"
+    )
+    heavy = {"textual", "rich", "argparse", "importlib.metadata", "typing", "anatomy", "datetime", "socket"}
+    if sys.platform.startswith("linux"):
+        heavy.add("psutil")  # tui.sources.procfs instead
+    env = {k: v for k, v in os.environ.items() if not k.startswith("ANATOMY_TOP")}
+    env["ANATOMY_TOP_DIR"] = str(tmp_path / "run")
+    for args, also in ((["--once"], {"json"}), (["--once", "--json"], set())):
+        result = subprocess.run(
+            [sys.executable, "-c", code, *args], env=env, capture_output=True, text=True, timeout=60
+        )
+        assert result.returncode == 0
+        loaded = set(result.stderr.splitlines()[-1].split())
+        assert "tui.sources.nvml" in loaded  # the report did run
+        assert not (heavy | also) & loaded, (heavy | also) & loaded
 
 
 def test_once_includes_a_training_process_from_its_oom_file(tmp_path: Path) -> None:

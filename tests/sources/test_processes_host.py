@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import socket
+import subprocess
+import sys
 import time
 from collections.abc import Callable
 from typing import Any
@@ -12,11 +15,12 @@ import psutil
 import pytest
 
 from tui.simnvml import Curve, Scenario, SimProcess
+from tui.sources import processes
 from tui.sources.host import HostSource
 from tui.sources.machine import MachineSource
 from tui.sources.model import GpuProcess
 from tui.sources.nvml import NvmlSource
-from tui.sources.processes import ProcessEnricher
+from tui.sources.processes import ProcessEnricher, parse_proc_stat, read_proc_stat
 
 GiB = 1 << 30
 
@@ -130,3 +134,141 @@ def test_machine_snapshot_enriches_simulated_processes(
     for k, proc in enumerate(procs):
         assert got[proc.pid].command == f"python train.py --rank {k} [/] 300"
         assert got[proc.pid].gpu_index == k % 2
+
+
+def test_proc_stat_parser_takes_fields_after_the_last_parenthesis() -> None:
+    # A name with spaces and parentheses: fields are counted from the last ")" (proc(5)).
+    fields = ["S", "1", "2", "3", "0", "-1", "4194560", "10", "0", "0", "0"]
+    fields += ["1234", "567", "0", "0", "20", "0", "4", "0", "987654", "123456789", "4321"]
+    fields += ["0"] * 30
+    data = f"4242 (my (odd) name) {' '.join(fields)}\n".encode()
+    stat = parse_proc_stat(data)
+    assert stat.comm == "my (odd) name" and stat.state == "S"
+    assert stat.cpu_ticks == 1234 + 567  # utime + stime, fields 14 and 15
+    assert stat.start_ticks == 987654  # field 22
+    assert stat.rss_pages == 4321  # field 24
+
+
+def test_proc_stat_of_this_process_agrees_with_psutil() -> None:
+    stat = read_proc_stat(os.getpid())
+    assert stat is not None
+    me = psutil.Process()
+    ticks = os.sysconf("SC_CLK_TCK")
+    assert abs(stat.rss_pages * os.sysconf("SC_PAGE_SIZE") - me.memory_info().rss) < 8 << 20
+    assert abs(psutil.boot_time() + stat.start_ticks / ticks - me.create_time()) < 0.05
+    times = me.cpu_times()
+    assert abs(stat.cpu_ticks / ticks - (times.user + times.system)) < 0.1
+
+
+def test_static_facts_are_read_once_per_process(
+    monkeypatch: pytest.MonkeyPatch, spawn: Callable[[str], Any]
+) -> None:
+    proc = spawn("python train.py --cached")
+    time.sleep(0.1)
+    reads: list[int] = []
+    cmdline = psutil.Process.cmdline
+
+    def counting(self: psutil.Process) -> list[str]:
+        reads.append(self.pid)
+        return cmdline(self)
+
+    monkeypatch.setattr(psutil.Process, "cmdline", counting)
+    enricher = ProcessEnricher()
+    gpu = [GpuProcess(gpu_index=0, pid=proc.pid, type="C")]
+    results = [enricher.enrich(gpu)[0] for _ in range(4)]
+    assert reads == [proc.pid]  # cached after the first refresh
+    assert all(r.command == "python train.py --cached 300" for r in results)
+    assert results[-1].host_rss == psutil.Process(proc.pid).memory_info().rss
+
+
+def test_exec_is_noticed_and_the_command_read_again(spawn: Callable[[str], Any]) -> None:
+    # bash first (the name "bash"), then exec: a new name under the same PID and start time.
+    proc = subprocess.Popen(
+        ["bash", "-c", 'sleep 0.4; exec -a "python train.py --after-exec" sleep 300'],
+        stdin=subprocess.DEVNULL,
+    )
+    try:
+        time.sleep(0.1)
+        enricher = ProcessEnricher()
+        gpu = [GpuProcess(gpu_index=0, pid=proc.pid, type="C")]
+        (before,) = enricher.enrich(gpu)
+        assert before.name == "bash" and before.command is not None and before.command.startswith("bash")
+        time.sleep(0.6)
+        (after,) = enricher.enrich(gpu)
+        assert after.name == "sleep" and after.command == "python train.py --after-exec 300"
+    finally:
+        proc.kill()
+        proc.wait()
+
+
+def test_a_recycled_pid_is_a_new_process(
+    monkeypatch: pytest.MonkeyPatch, spawn: Callable[[str], Any]
+) -> None:
+    proc = spawn("python first_owner.py")
+    time.sleep(0.1)
+    enricher = ProcessEnricher()
+    gpu = [GpuProcess(gpu_index=0, pid=proc.pid, type="C")]
+    enricher.enrich(gpu)
+    (second,) = enricher.enrich(gpu)
+    assert second.cpu_percent is not None
+    real = read_proc_stat(proc.pid)
+    assert real is not None
+    # Same PID, a later start time: another process. Its CPU % has no interval yet.
+    recycled = dataclasses.replace(real, start_ticks=real.start_ticks + 100)
+    monkeypatch.setattr(processes, "read_proc_stat", lambda pid: recycled)
+    (third,) = enricher.enrich(gpu)
+    assert third.cpu_percent is None and third.alive
+    expected = time.time() - (psutil.boot_time() + recycled.start_ticks / os.sysconf("SC_CLK_TCK"))
+    assert third.running_time_s is not None and abs(third.running_time_s - max(0.0, expected)) < 1.0
+
+
+def test_cpu_percent_matches_psutil_over_the_same_interval() -> None:
+    busy = subprocess.Popen([sys.executable, "-c", "while True: pass"], stdin=subprocess.DEVNULL)
+    try:
+        time.sleep(0.1)
+        enricher = ProcessEnricher()
+        gpu = [GpuProcess(gpu_index=0, pid=busy.pid, type="C")]
+        reference = psutil.Process(busy.pid)
+        enricher.enrich(gpu)
+        reference.cpu_percent(None)
+        time.sleep(0.5)
+        (ours,) = enricher.enrich(gpu)
+        theirs = reference.cpu_percent(None)
+        assert ours.cpu_percent is not None and ours.cpu_percent > 5.0
+        assert abs(ours.cpu_percent - theirs) < 15.0  # 10 ms ticks over 0.5 s, and the calls' skew
+    finally:
+        busy.kill()
+        busy.wait()
+
+
+def test_a_zombie_is_not_alive() -> None:
+    child = subprocess.Popen(["true"])
+    deadline = time.monotonic() + 5
+    while (stat := read_proc_stat(child.pid)) is not None and stat.state != "Z":
+        assert time.monotonic() < deadline
+        time.sleep(0.01)
+    try:
+        (p,) = ProcessEnricher().enrich([GpuProcess(gpu_index=0, pid=child.pid, type="C")])
+        assert p.alive is False and p.command is None
+    finally:
+        child.wait()
+
+
+def test_unreadable_proc_stat_falls_back_to_psutil(
+    monkeypatch: pytest.MonkeyPatch, spawn: Callable[[str], Any]
+) -> None:
+    proc = spawn("python hidden_by_hidepid.py")
+    time.sleep(0.1)
+
+    def denied(pid: int) -> None:
+        raise PermissionError(pid)
+
+    monkeypatch.setattr(processes, "read_proc_stat", denied)
+    enricher = ProcessEnricher()
+    gpu = [GpuProcess(gpu_index=0, pid=proc.pid, type="C")]
+    (first,) = enricher.enrich(gpu)
+    (second,) = enricher.enrich(gpu)
+    ps = psutil.Process(proc.pid)
+    assert first.command == "python hidden_by_hidepid.py 300" and first.cpu_percent is None
+    assert second.cpu_percent is not None and second.host_rss == ps.memory_info().rss
+    assert isinstance(enricher._cache[proc.pid], psutil.Process)

@@ -57,3 +57,53 @@ def test_no_driver(shots: ModuleType) -> None:
     doc = roundtrip(render_json(shots.snapshot(status=NvmlStatus(available=False, reason=reason))))
     assert doc["nvml"]["available"] is False and doc["nvml"]["reason"] == reason
     assert doc["gpus"] == [] and doc["processes"] == [] and doc["host"]["hostname"] == "node-17"
+
+
+def test_iso_time_equals_datetimes() -> None:
+    import random
+    from datetime import datetime, timezone
+
+    from tui.report.once_json import iso_utc
+
+    rng = random.Random(7)
+    samples = [0.0, 1.5, 1763717405.25, 1763717405.0000004, 1763717405.9999996, 1e9 + 0.999_999_5]
+    samples += [rng.uniform(0, 4e9) for _ in range(2000)] + [rng.randrange(0, 4 * 10**9) for _ in range(200)]
+    for t in samples:
+        assert iso_utc(t) == datetime.fromtimestamp(t, tz=timezone.utc).isoformat(), t
+
+
+def test_field_copy_equals_asdict(shots: ModuleType) -> None:
+    from tui.report.once_json import gpu_dict, host_dict, process_dict
+
+    snap = shots.snapshot(gpus=(shots.full_gpu(0), shots.bare_gpu(1)))
+    proc = GpuProcess(gpu_index=0, pid=1, type="C", command="x", running_time_s=2.5)
+    assert [gpu_dict(g) for g in snap.gpus] == [dataclasses.asdict(g) for g in snap.gpus]
+    assert process_dict(proc) == dataclasses.asdict(proc)
+    host = host_dict(snap.host)
+    assert host == dataclasses.asdict(snap.host) | {"load_avg": list(snap.host.load_avg)}
+    assert isinstance(host["load_avg"], list)  # JSON has no tuples
+
+
+def test_the_report_package_loads_a_renderer_only_when_asked() -> None:
+    import subprocess
+    import sys
+
+    code = (
+        "import sys, tui.report as r\n"
+        "before = {'tui.report.smi_text', 'tui.report.once_json'} & set(sys.modules)\n"
+        "f = r.render_json\n"
+        "after = {'tui.report.smi_text', 'tui.report.once_json'} & set(sys.modules)\n"
+        "print(sorted(before), sorted(after), f.__module__, r.SCHEMA)\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.split() == ["[]", "['tui.report.once_json']", "tui.report.once_json", SCHEMA]
+    import tui.report
+
+    assert tui.report.render_text.__module__ == "tui.report.smi_text"
+    try:
+        tui.report.nothing_here  # noqa: B018
+    except AttributeError as exc:
+        assert "nothing_here" in str(exc)
+    else:
+        raise AssertionError("unknown names must raise AttributeError")

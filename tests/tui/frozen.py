@@ -230,8 +230,16 @@ def snapshot(
     cuda: bool = True,
     oom: str | None = None,
     step_s: float = 0.412,
+    at_peak: bool = True,
 ) -> Snapshot:
     mem = dict(MODEL_BYTES if memory is None else memory)
+    # ``mem`` is the split at the peak; each component's own maximum is above it for activations and
+    # temporaries (a peak in backward: part of the activations already freed).
+    maxima = {c.value: v for c, v in mem.items()}
+    for c, extra in ((Component.ACTIVATIONS, 1.25), (Component.TEMPORARIES, 1.5)):
+        value = maxima.get(c.value)
+        if value is not None:
+            maxima[c.value] = int(value * extra)
     op_groups = {
         OpGroup.CONTRACTION.value: OpGroupStat(flops=2.9e12, time_s=0.250),
         OpGroup.NORMALIZATION.value: OpGroupStat(flops=3.0e9, time_s=0.045),
@@ -244,7 +252,9 @@ def snapshot(
         seq=step,
         time=FROZEN_TIME,
         step=step,
-        memory={c.value: v for c, v in mem.items()},
+        memory=maxima,
+        at_peak={c.value: v for c, v in mem.items()} if at_peak else None,
+        at_peak_step=step - 100 if at_peak else None,
         expected_bytes_per_param=expected_table(),
         parameter_count=PARAMS,
         peak_bytes=sum(v for v in mem.values() if v is not None),

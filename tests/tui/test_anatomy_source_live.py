@@ -140,8 +140,13 @@ def test_once_json_carries_hello_snapshot_and_rows(lingering) -> None:
     # the simulated box puts this PID on GPU 0 with a fixed figure: NVML's view for the process
     gpu_procs = [p for p in doc["processes"] if p["pid"] == proc.pid]
     assert gpu_procs and entry["nvml_process_bytes"] == max(p["gpu_memory"] for p in gpu_procs)
-    rows = {r["component"]: r["bytes"] for r in entry["reconciled"]["rows"]}
+    rows = {r["component"]: r["max_bytes"] for r in entry["reconciled"]["rows"]}
     assert rows == {c.value: snap.memory.get(c.value) for c in Component if c.value in rows}
+    # "bytes" is the split at the peak (F1): the hook's own figures, summing to its peak
+    assert snap.at_peak is not None
+    at_peak = {r["component"]: r["bytes"] for r in entry["reconciled"]["rows"]}
+    assert at_peak == {c.value: snap.at_peak.get(c.value) for c in Component if c.value in rows}
+    assert sum(at_peak.values()) == snap.peak_bytes == entry["reconciled"]["total"]
     assert Component.CUDA_CONTEXT.value not in rows  # a CPU job
 
 

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 from anatomy.protocol import CudaMemory, Hello, Snapshot
 from anatomy.vocabulary import MODEL_COMPONENTS, Component
-from tui.sources.reconcile import TOTAL_NVML, TOTAL_PEAK, TOTAL_RESERVED, reconcile
+from tui.format import fmt_bytes
+from tui.sources.reconcile import TOTAL_NVML, TOTAL_PEAK, TOTAL_RESERVED, reconcile, total_line
 
 MIB = 1 << 20
 PARAMS = 110_000_000
@@ -173,3 +174,104 @@ def test_zero_parameters_gives_no_bytes_per_param() -> None:
     rec = reconcile(None, snap, None)
     assert all(r.bytes_per_param is None for r in rec.rows)
     assert rec.total == 0 and not rec.reconciles and rec.unexplained is None
+
+
+# -- the split at the peak (Snapshot.at_peak) ---------------------------------------------------------
+
+
+def at_peak_split() -> dict[str, int | None]:
+    # held at a backward peak: a third of the activations already freed, the first gradients made
+    return {
+        "weights": 6 * PARAMS,
+        "optimizer_states": 8 * PARAMS,
+        "gradients": PARAMS,
+        "activations": 1_300 * MIB + 17,
+        "temporaries": 211 * MIB + 5,
+        "unattributed": 3 * MIB,
+    }
+
+
+def at_peak_snapshot(cuda: CudaMemory | None, at_peak: dict[str, int | None] | None = None) -> Snapshot:
+    split = at_peak_split() if at_peak is None else at_peak
+    return Snapshot(
+        pid=42,
+        seq=1,
+        time=0.0,
+        step=7,
+        memory=model_memory(),  # each component at its own maximum
+        expected_bytes_per_param=dict(EXPECTED),
+        parameter_count=PARAMS,
+        peak_bytes=sum(v or 0 for v in split.values()),
+        peak_phase="backward",
+        cuda=cuda,
+        at_peak=split,
+        at_peak_step=5,
+    )
+
+
+def _cuda(peak: int, reserved: int) -> CudaMemory:
+    return CudaMemory(allocated=peak // 2, reserved=reserved, peak_allocated=peak, alloc_retries=0, ooms=0)
+
+
+def test_cpu_at_peak_rows_sum_to_the_peak_with_maxima_beside_them() -> None:
+    snap = at_peak_snapshot(None)
+    peak = snap.peak_bytes
+    rec = reconcile(hello("cpu"), snap, None)
+    assert rec.at_peak and rec.total == peak and rec.total_source == TOTAL_PEAK
+    assert [r.component for r in rec.rows] == list(MODEL_COMPONENTS)
+    assert sum(r.bytes or 0 for r in rec.rows) == peak and rec.reconciles and rec.unexplained == 0
+    assert abs(sum(r.share or 0 for r in rec.rows) - 1.0) < 1e-12
+    split, maxima = at_peak_split(), model_memory()
+    for row in rec.rows:
+        assert row.bytes == split[row.component.value]
+        assert row.share == split[row.component.value] / peak
+        assert row.max_bytes == maxima[row.component.value]
+        assert row.bytes_per_param == maxima[row.component.value] / PARAMS  # of the maximum
+    assert rec.note is not None and "glibc heap" in rec.note  # what the total is, on CPU
+    assert rec.peak_phase == "backward" and rec.at_peak_step == 5
+    line = total_line(rec, 7)
+    assert line == f"Peak {fmt_bytes(peak)} in backward = sum of the rows · split traced at step 5"
+
+
+def test_cuda_at_peak_rows_sum_to_nvml() -> None:
+    snap0 = at_peak_snapshot(None)
+    peak = snap0.peak_bytes
+    reserved = peak + 640 * MIB + 3
+    nvml = reserved + 1300 * MIB + 11
+    snap = at_peak_snapshot(_cuda(peak, reserved))
+    rec = reconcile(hello("cuda:0"), snap, nvml)
+    assert rec.at_peak and rec.total == nvml and rec.total_source == TOTAL_NVML and rec.on_cuda
+    assert [r.component for r in rec.rows] == list(Component)
+    assert rec.row(Component.CUDA_CONTEXT).bytes == nvml - reserved
+    assert rec.row(Component.ALLOCATOR_CACHE).bytes == reserved - peak  # beyond the PEAK allocated
+    assert sum(r.bytes or 0 for r in rec.rows) == nvml and rec.reconciles and rec.note is None
+    assert abs(sum(r.share or 0 for r in rec.rows) - 1.0) < 1e-12
+    model_rows = sum(rec.row(c).bytes or 0 for c in MODEL_COMPONENTS)
+    assert model_rows == peak
+    assert total_line(rec, 7).startswith(f"NVML {fmt_bytes(nvml)} = sum of the rows · peak allocated ")
+
+
+def test_cuda_at_peak_without_nvml_totals_reserved_with_the_context_unmeasured() -> None:
+    peak = at_peak_snapshot(None).peak_bytes
+    reserved = peak + 5 * MIB
+    rec = reconcile(hello("cuda:0"), at_peak_snapshot(_cuda(peak, reserved)), None)
+    assert rec.total == reserved and rec.total_source == TOTAL_RESERVED
+    assert rec.row(Component.CUDA_CONTEXT).bytes is None and rec.row(Component.CUDA_CONTEXT).share is None
+    assert sum(r.bytes or 0 for r in rec.rows) == reserved and rec.reconciles
+    assert "NVML" in (rec.note or "") and "unmeasured" in (rec.note or "")
+    assert abs(sum(r.share or 0 for r in rec.rows) - 1.0) < 1e-12
+
+
+def test_cuda_at_peak_with_reserved_below_the_peak_says_so() -> None:
+    peak = at_peak_snapshot(None).peak_bytes
+    rec = reconcile(hello("cuda:0"), at_peak_snapshot(_cuda(peak, peak - MIB)), peak + 900 * MIB)
+    assert rec.row(Component.ALLOCATOR_CACHE).bytes is None and not rec.reconciles
+    assert "less than the step's peak" in (rec.note or "")
+
+
+def test_at_peak_with_an_unmeasured_component_does_not_claim_to_add_up() -> None:
+    split = at_peak_split()
+    split["activations"] = None
+    rec = reconcile(hello("cpu"), at_peak_snapshot(None, split), None)
+    assert rec.at_peak and not rec.reconciles and rec.note == "unmeasured: Activations"
+    assert rec.row(Component.ACTIVATIONS).share is None

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 
 from anatomy import protocol
@@ -174,3 +175,56 @@ def test_json_of_process_without_snapshot() -> None:
     (entry,) = training_json([process(hello(), None, state="error")])
     assert entry["snapshot"] is None and entry["reconciled"] is None and entry["state"] == "error"
     json.dumps(entry, allow_nan=False)
+
+
+def with_split(snap: Snapshot, cuda: CudaMemory | None = None) -> Snapshot:
+    """The same step as the hook now sends it: the split at the peak next to each component's maximum."""
+    split = dict(snap.memory)
+    split["activations"] = 11 * MIB + 5  # a backward peak: part of the activations already freed
+    split["gradients"] = 2 * MIB
+    return dataclasses.replace(
+        snap, at_peak=split, peak_bytes=sum(split.values()), at_peak_step=10, cuda=cuda
+    )
+
+
+def test_text_and_json_of_the_split_at_the_peak() -> None:
+    snap = with_split(snapshot())
+    peak = snap.peak_bytes
+    assert snap.at_peak is not None and peak is not None
+    text = render_training_text([process(hello(), snap)])
+    lines = text.splitlines()
+    header = next(ln for ln in lines if ln.strip().startswith("Component"))
+    assert header.split() == ["Component", "At", "peak", "Share", "Max", "in", "step", "B/param", "Guide"]
+    assert f"Memory: Peak {fmt.fmt_bytes(peak)} in backward = sum of the rows" in text
+    assert "split traced at step 10" in text and "glibc heap" in text
+    for comp in (Component.WEIGHTS, Component.GRADIENTS, Component.ACTIVATIONS):
+        row = next(ln for ln in lines if ln.strip().startswith(comp.label)).split()
+        held, maximum = snap.at_peak[comp.value], snap.memory[comp.value]
+        assert fmt.fmt_bytes(held) in " ".join(row[:-4])  # the At peak column, before the share
+        assert fmt.fmt_share(held / peak) in row
+        assert fmt.fmt_bytes(maximum) in " ".join(row)
+        assert fmt.fmt_bytes_per_param(maximum / PARAMS) in row  # bytes/param of the maximum
+    (entry,) = training_json([process(hello(), snap)])
+    rec = json.loads(json.dumps(entry, allow_nan=False))["reconciled"]
+    assert rec["at_peak"] and rec["reconciles"] and rec["total"] == peak and rec["at_peak_step"] == 10
+    assert sum(r["bytes"] for r in rec["rows"]) == peak
+    assert abs(sum(r["share"] for r in rec["rows"]) - 1.0) < 1e-12
+    assert {r["component"]: r["max_bytes"] for r in rec["rows"]} == snap.memory
+
+
+def test_cuda_split_at_the_peak_adds_up_to_nvml_in_text_and_json() -> None:
+    peak = with_split(snapshot()).peak_bytes
+    assert peak is not None
+    reserved, nvml = peak + 64 * MIB, peak + 64 * MIB + 700 * MIB
+    cuda = CudaMemory(allocated=peak // 3, reserved=reserved, peak_allocated=peak, alloc_retries=0, ooms=0)
+    snap = with_split(snapshot(), cuda)
+    proc = process(hello("cuda:0"), snap)
+    machine = machine_with(4242, nvml)
+    text = render_training_text([proc], machine)
+    assert f"NVML {fmt.fmt_bytes(nvml)} = sum of the rows · peak allocated {fmt.fmt_bytes(peak)}" in text
+    cache = next(ln for ln in text.splitlines() if "Allocator cache" in ln)
+    assert fmt.fmt_bytes(64 * MIB) in cache  # reserved − peak allocated
+    (entry,) = training_json([proc], machine)
+    rec = entry["reconciled"]
+    assert rec["reconciles"] and rec["total_source"] == "nvml"
+    assert sum(r["bytes"] for r in rec["rows"]) == nvml

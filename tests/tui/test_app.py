@@ -9,10 +9,12 @@ import asyncio
 import os
 import signal
 from collections.abc import Callable
+from typing import Any
 
 import frozen
 import pytest
 from rich.text import Text
+from textual.binding import Binding
 from textual.widgets import Input, Sparkline, Static
 
 from anatomy.vocabulary import Component
@@ -20,7 +22,8 @@ from tui import format as fmt
 from tui.app import AnatomyTopApp
 from tui.widgets.anatomy_pane import AnatomyPane
 from tui.widgets.gpu_table import GpuTable
-from tui.widgets.header import NvmlBanner
+from tui.widgets.header import MachineHeader, NvmlBanner
+from tui.widgets.key_bar import KeyBar, key_label
 from tui.widgets.line_table import LineTable
 from tui.widgets.process_table import ProcessTable
 
@@ -175,7 +178,7 @@ async def test_pause_stops_polling_and_resume_polls_again(make_app: MakeApp) -> 
         calls = source.calls  # type: ignore[attr-defined]
         await asyncio.sleep(1.3)
         assert source.calls <= calls + 1  # type: ignore[attr-defined]  # at most the one in flight
-        assert "PAUSED" in _static_text(app.query_one("#header", Static))
+        assert "PAUSED" in app.query_one(MachineHeader).text.plain
         polls = app.polls
         await pilot.press("p")
         await app.wait_for_poll(polls + 1)
@@ -190,7 +193,7 @@ async def test_plus_minus_change_the_interval_within_bounds(make_app: MakeApp) -
         assert app.interval == 2.0
         await pilot.press("minus", "minus", "minus", "minus")
         assert app.interval == 0.5  # never faster than 2 Hz
-        assert "every 0.5 s" in _static_text(app.query_one("#header", Static))
+        assert "every 0.5 s" in app.query_one(MachineHeader).text.plain
 
 
 async def test_tab_switches_panes_wide_and_narrow(make_app: MakeApp) -> None:
@@ -590,3 +593,72 @@ async def test_a_live_publisher_that_went_quiet_is_flagged(make_app: MakeApp) ->
         assert f"no new snapshot for {fmt.fmt_duration(95.0)}" in title
         await _select_pid(app, pilot, fresh.pid)
         assert "no new snapshot" not in _static_text(app.query_one("#anatomy-title", Static))
+
+
+async def test_key_bar_lists_the_shown_bindings_and_a_click_runs_one(make_app: MakeApp) -> None:
+    app = make_app()
+    async with app.run_test(size=(160, 50)) as pilot:
+        await app.wait_for_poll()
+        bar = app.query_one(KeyBar)
+        line = bar.text.plain if isinstance(bar.text, Text) else str(bar.text)
+        shown = [b for b in app.BINDINGS if isinstance(b, Binding) and b.show]
+        hidden = [b for b in app.BINDINGS if isinstance(b, Binding) and not b.show]
+        for binding in shown:
+            assert f" {key_label(binding.key)}  {binding.description} " in line
+        for binding in hidden:
+            assert binding.description not in line
+        assert bar.region.y == app.screen.region.height - 1  # the bottom line
+        x = line.index(" p  Pause")
+        assert not app.paused
+        await pilot.click(KeyBar, offset=(x + 1, 0))
+        await pilot.pause()
+        assert app.paused and "PAUSED" in app.query_one(MachineHeader).text.plain
+
+
+async def test_time_column_is_coarse(make_app: MakeApp) -> None:
+    app = make_app()
+    async with app.run_test(size=(160, 50)) as pilot:
+        await app.wait_for_poll()
+        await pilot.pause()
+        table = app.query_one(ProcessTable)
+        checked = 0
+        for key, row in table.rows_by_key.items():
+            assert _plain(table.get_cell(key, "time")) == fmt.fmt_elapsed(row.running_time_s)
+            checked += row.running_time_s is not None
+        assert checked >= 3
+
+
+async def test_anatomy_pane_is_drawn_again_only_when_its_process_sent_something_new(
+    make_app: MakeApp,
+) -> None:
+    import dataclasses
+
+    source = frozen.FakeAnatomySource()
+    app = make_app(training=source)
+    async with app.run_test(size=(160, 50)) as pilot:
+        await app.wait_for_poll()
+        await pilot.pause()
+        pane = app.query_one(AnatomyPane)
+        assert pane.process is not None
+        pid = pane.process.pid
+        drawn: list[int | None] = []
+        show = pane.show
+
+        def counting(process: Any, *args: Any, **kwargs: Any) -> None:
+            drawn.append(None if process is None else process.pid)
+            show(process, *args, **kwargs)
+
+        pane.show = counting  # type: ignore[method-assign]
+        # Equal, not identical: the real source builds new objects on every poll.
+        source.processes = [dataclasses.replace(p) for p in source.processes]
+        app.refresh_now()
+        await app.wait_for_poll(2)
+        assert drawn == []
+        # A new snapshot (one more step in the history) is drawn.
+        source.processes = [
+            dataclasses.replace(p, memory_history=(*p.memory_history, 1)) if p.pid == pid else p
+            for p in source.processes
+        ]
+        app.refresh_now()
+        await app.wait_for_poll(3)
+        assert drawn == [pid]

@@ -99,6 +99,9 @@ def test_children_die_with_the_monitor(sig: signal.Signals) -> None:
             proc.wait()
 
 
+MODEL_TRAINING = (Component.WEIGHTS, Component.OPTIMIZER_STATES, Component.GRADIENTS, Component.ACTIVATIONS)
+
+
 @pytest.mark.slow
 def test_demo_training_job_publishes(monkeypatch: pytest.MonkeyPatch) -> None:
     pytest.importorskip("torch")
@@ -128,6 +131,12 @@ def test_demo_training_job_publishes(monkeypatch: pytest.MonkeyPatch) -> None:
         # fp32 parameters plus a few small integer buffers (position ids, token type ids)
         assert weights is not None and 0 <= weights - 4 * proc.hello.parameter_count <= 64 * 1024
         assert proc.snapshot.memory[Component.OPTIMIZER_STATES.value] is not None
+        # the demo's model is sized so that the training components dominate the bar at the peak
+        at_peak, peak = proc.snapshot.at_peak, proc.snapshot.peak_bytes
+        assert at_peak is not None and peak is not None and sum(v or 0 for v in at_peak.values()) == peak
+        training = sum(at_peak[c.value] or 0 for c in MODEL_TRAINING)
+        assert training > 1.5 * (at_peak[Component.UNATTRIBUTED.value] or 0), at_peak
+        assert 15e6 <= proc.hello.parameter_count <= 45e6
     assert _gone(handle.train.pid)
 
 

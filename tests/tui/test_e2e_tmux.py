@@ -5,6 +5,7 @@ measured. Then `?` opens the help, and `q` quits with exit code 0."""
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -28,6 +29,8 @@ REPO = Path(__file__).resolve().parents[2]
 WIDTH, HEIGHT = 160, 50
 # Frozen figures: a few steps, then the job keeps publishing its last snapshot (--linger).
 TRAIN_ARGS = ["--steps", "3", "--linger", "--sample-every", "2", "--batch", "4", "--seq", "32"]
+TRAIN_ARGS += ["--hidden", "128", "--layers", "2"]  # a light model: this test is about the figures
+_BYTES = re.compile(r"-?\d+(?:\.\d+)? (?:B|KiB|MiB|GiB|TiB|PiB)\b")
 
 
 class Tmux:
@@ -126,6 +129,14 @@ def on_one_line(screen: str, label: str, value: str) -> bool:
     return any(label in ln and value in ln for ln in screen.splitlines())
 
 
+def row_figures(screen: str, label: str) -> list[str]:
+    """The byte figures on the component row of ``label``, left to right (At peak, then Max in step)."""
+    for ln in screen.splitlines():
+        if label in ln:
+            return _BYTES.findall(ln[ln.index(label) + len(label) :].split("│")[0])
+    return []
+
+
 def test_monitor_shows_the_hooks_bytes_and_quits_cleanly(tmp_path: Path, training) -> None:
     from tui.demo import build_scenario
 
@@ -135,9 +146,16 @@ def test_monitor_shows_the_hooks_bytes_and_quits_cleanly(tmp_path: Path, trainin
 
     scenario = tmp_path / "scenario.json"
     build_scenario(proc.pid, [], n_gpus=2).to_json(scenario)
-    rec = reconcile(hello, snapshot, None)
-    expected = {row.label: fmt.fmt_bytes(row.bytes, fmt.UNMEASURED) for row in rec.rows}
-    assert any(v != fmt.UNMEASURED for v in expected.values())
+    # The hook's own figures, straight from its snapshot: the split at the peak and each maximum.
+    assert snapshot.at_peak is not None and snapshot.peak_bytes is not None
+    assert sum(v or 0 for v in snapshot.at_peak.values()) == snapshot.peak_bytes
+    labels = {row.component.value: row.label for row in reconcile(hello, snapshot, None).rows}
+    assert set(labels) == set(snapshot.at_peak)  # a CPU job: the model components only
+    expected = {
+        labels[key]: [fmt.fmt_bytes(held), fmt.fmt_bytes(snapshot.memory[key])]
+        for key, held in snapshot.at_peak.items()
+    }
+    total = f"Peak {fmt.fmt_bytes(snapshot.peak_bytes)} in {snapshot.peak_phase} = sum of the rows ✓"
 
     rc_file = tmp_path / "rc"
     tmux = Tmux("e2e")
@@ -146,7 +164,8 @@ def test_monitor_shows_the_hooks_bytes_and_quits_cleanly(tmp_path: Path, trainin
 
         def shows_anatomy() -> bool:
             screen = tmux.capture()
-            return all(on_one_line(screen, label, value) for label, value in expected.items())
+            rows_ok = all(row_figures(screen, label) == values for label, values in expected.items())
+            return rows_ok and total in screen
 
         shown = wait_for(shows_anatomy, 60)
         screen = tmux.capture()

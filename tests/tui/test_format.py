@@ -118,3 +118,24 @@ def test_unmeasured_components_say_so_and_take_no_share() -> None:
     weights = [c.plain for c in cells[Component.WEIGHTS.value]]
     assert weights[1] == fmt.fmt_bytes(frozen.MODEL_BYTES[Component.WEIGHTS])
     assert weights[4] == fmt.fmt_bytes_per_param(6.0)  # the guide's mixed-precision weights figure
+
+
+@pytest.mark.parametrize("seconds", [0, 1, 59, 60, 61, 119, 3599, 3600, 3725, 86399, 86400, 86400 * 3 + 3725])
+def test_elapsed_is_coarse_past_the_first_minute(seconds: int) -> None:
+    if seconds < 60:
+        expected = f"{seconds}s"
+    elif seconds < 3600:
+        expected = f"{seconds // 60}m"
+    elif seconds < 86400:
+        expected = f"{seconds // 3600}h{seconds % 3600 // 60:02d}m"
+    else:
+        expected = f"{seconds // 86400}d{seconds % 86400 // 3600:02d}h"
+    assert fmt.fmt_elapsed(seconds) == expected
+    assert fmt.fmt_elapsed(seconds + 0.999) == expected or seconds < 60  # truncated, not rounded
+
+
+def test_elapsed_changes_at_most_once_a_minute_after_the_first() -> None:
+    shown = {fmt.fmt_elapsed(float(s)) for s in range(3600, 3660)}
+    assert shown == {"1h00m"}
+    assert fmt.fmt_elapsed(None) == fmt.NA and fmt.fmt_elapsed(math.inf) == fmt.NA
+    assert fmt.fmt_elapsed(-5.0) == "0s"

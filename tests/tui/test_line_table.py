@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 from rich.text import Text
 from textual.app import App, ComposeResult
+from textual.geometry import Region
 
-from tui.widgets.line_table import LineTable
+from tui.widgets.line_table import GAP, LineTable
 
 COLUMNS = [("name", "Name", "left"), ("value", "Value", "right")]
 
@@ -82,3 +85,69 @@ async def test_a_cells_own_style_survives_rendering() -> None:
         assert styles["◆"].color.name == "green"
         assert styles["91%"] is not None and styles["91%"].color is not None
         assert styles["91%"].color.name == "red"
+
+
+THREE = [("name", "Name", "left"), ("cpu", "CPU", "right"), ("time", "Time", "right")]
+
+
+class _Three(App[None]):
+    def compose(self) -> ComposeResult:
+        yield LineTable(THREE, cursor=True, id="t")
+
+
+def _three(rows: dict[str, tuple[str, str]]) -> list[tuple[str, list[Text]]]:
+    return [(k, [Text(k), Text(cpu), Text(t)]) for k, (cpu, t) in rows.items()]
+
+
+def _record_refreshes(table: LineTable) -> list[Region]:
+    seen: list[Region] = []
+    original = table.refresh
+
+    def refresh(*regions: Region, **kwargs: Any) -> LineTable:
+        seen.extend(regions)
+        return original(*regions, **kwargs)
+
+    table.refresh = refresh  # type: ignore[method-assign]
+    return seen
+
+
+async def test_a_changed_cell_repaints_only_its_own_columns_of_its_line() -> None:
+    app = _Three()
+    async with app.run_test(size=(60, 12)) as pilot:
+        table = app.query_one(LineTable)
+        rows = {"alpha": ("1.0%", "5m"), "b": ("22.5%", "17m")}
+        table.set_rows(_three(rows))
+        await pilot.pause()
+        seen = _record_refreshes(table)
+        table.set_rows(_three({"alpha": ("1.0%", "5m"), "b": ("22.5%", "18m")}))
+        # Independent layout: one leading space, columns GAP apart, each as wide as its widest text.
+        name_w = max(len("Name"), len("alpha"), len("b"))
+        cpu_w = max(len("CPU"), len("1.0%"), len("22.5%"))
+        time_w = max(len("Time"), len("5m"), len("18m"))
+        x_time = 1 + name_w + GAP + cpu_w + GAP
+        assert seen == [Region(x_time, 2, time_w, 1)]  # line 0 is the header, "b" is the second row
+        seen.clear()
+        same = table.get_row("b")
+        table.set_rows([("alpha", list(table.get_row("alpha"))), ("b", same)])
+        assert seen == []  # nothing changed: nothing repainted
+
+
+async def test_changed_cells_repaint_the_right_line_when_the_table_is_scrolled() -> None:
+    app = _Three()
+    async with app.run_test(size=(60, 8)) as pilot:
+        table = app.query_one(LineTable)
+        rows = {f"p{i:02d}": ("0.0%", "1m") for i in range(30)}
+        table.set_rows(_three(rows))
+        await pilot.pause()
+        table.focus()
+        table.move_cursor(20)  # scrolls the cursor's row into view
+        await pilot.pause()
+        top = int(table.scroll_offset.y)
+        assert top > 0
+        seen = _record_refreshes(table)
+        rows["p20"] = ("9.5%", "1m")  # as wide as before: no new layout, one cell repainted
+        table.set_rows(_three(rows))
+        assert [r.y for r in seen] == [20 - top + 1]  # the widget's own line of row 20
+        await pilot.pause()
+        line = "".join(seg.text for seg in table.render_line(20 - top + 1))
+        assert "p20" in line and "9.5%" in line

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import frozen
 
-from tui.widgets.process_rows import build_rows, filter_rows, row_key, sort_rows
+from tui.widgets.process_rows import ProcessRow, build_rows, filter_rows, row_key, sort_rows
 
 
 def test_rows_merge_nvml_processes_with_publishers_nvml_does_not_list() -> None:
@@ -47,3 +47,39 @@ def test_filter_is_case_insensitive_over_command_user_and_pid() -> None:
     assert {r.pid for r in filter_rows(rows, "300")} == {3001, 3002, 3003, 3004}
     assert {r.pid for r in filter_rows(rows, "[/]")} == {3003, 3004}  # brackets are plain text
     assert filter_rows(rows, "") == rows
+
+
+async def test_process_table_repaints_a_row_only_when_what_it_shows_changes() -> None:
+    from dataclasses import replace
+
+    from textual.app import App, ComposeResult
+
+    from tui import format as fmt
+    from tui.widgets.process_table import ProcessTable
+
+    class Host(App[None]):
+        def compose(self) -> ComposeResult:
+            yield ProcessTable(id="p")
+
+    rows = build_rows(frozen.machine(), [], None)
+    app = Host()
+    async with app.run_test(size=(160, 40)) as pilot:
+        table = app.query_one(ProcessTable)
+        table.show(rows)
+        await pilot.pause()
+
+        def aged(row: ProcessRow, seconds: float) -> ProcessRow:
+            t = row.running_time_s
+            return replace(row, running_time_s=None if t is None else t + seconds)
+
+        # Later: every row's running time moved; a row's cells are new exactly when its shown time is.
+        for seconds in (10.0, 70.0, 3600.0):
+            before = {k: table.get_row(k) for k in table.row_keys}
+            shown_before = {r.key: fmt.fmt_elapsed(r.running_time_s) for r in rows}
+            rows = [aged(r, seconds) for r in rows]
+            table.show(rows)
+            for row in rows:
+                shown = fmt.fmt_elapsed(row.running_time_s)
+                assert table.get_cell(row.key, "time").plain == shown
+                assert (table.get_row(row.key) is before[row.key]) == (shown == shown_before[row.key])
+        assert any(r.running_time_s is not None and r.running_time_s > 86400 for r in rows)

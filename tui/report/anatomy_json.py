@@ -20,11 +20,16 @@ def reconciled_dict(rec: Reconciled) -> dict[str, Any]:
         "reconciles": rec.reconciles,
         "note": rec.note,
         "parameter_count": rec.parameter_count,
+        "at_peak": rec.at_peak,
+        "peak_bytes": rec.peak_bytes,
+        "peak_phase": rec.peak_phase,
+        "at_peak_step": rec.at_peak_step,
         "rows": [
             {
                 "component": row.component.value,
                 "label": row.label,
                 "bytes": row.bytes,
+                "max_bytes": row.max_bytes,
                 "share": row.share,
                 "bytes_per_param": row.bytes_per_param,
                 "expected_bytes_per_param": row.expected_bytes_per_param,

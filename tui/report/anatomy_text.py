@@ -24,6 +24,7 @@ from tui.sources.reconcile import (
     Reconciled,
     nvml_process_bytes,
     reconcile,
+    total_line,
 )
 
 _CONTROL = re.compile(r"[\x00-\x08\x0b-\x1f\x7f-\x9f]")
@@ -55,7 +56,11 @@ def _title(proc: TrainingProcess) -> str:
     return "  ".join(parts)
 
 
-def _total_caption(rec: Reconciled) -> str:
+def _total_caption(rec: Reconciled, step: int | None = None) -> str:
+    if rec.at_peak:
+        verdict = "" if rec.reconciles else f" ({clean(rec.note or 'does not add up')})"
+        where = " (glibc heap in use)" if rec.total_source == TOTAL_PEAK and not rec.on_cuda else ""
+        return f"Memory: {clean(total_line(rec, step))}{where}{verdict}"
     total = fmt.fmt_bytes(rec.total)
     if rec.total_source == TOTAL_NVML:
         what = f"NVML per-process memory {total}"
@@ -69,17 +74,20 @@ def _total_caption(rec: Reconciled) -> str:
     return f"Memory: {what} ({verdict})"
 
 
-def memory_table(rec: Reconciled) -> list[str]:
+def memory_table(rec: Reconciled, step: int | None = None) -> list[str]:
+    """Component | At peak | Share | Max in step | Bytes/param | Guide, then the total."""
     lines = [
-        _total_caption(rec),
-        f"  {'Component':<24}{'Bytes':>12}{'Share':>9}{'Bytes/param':>13}{'Guide':>10}",
+        _total_caption(rec, step),
+        f"  {'Component':<24}{'At peak':>12}{'Share':>8}{'Max in step':>13}{'B/param':>10}{'Guide':>8}",
     ]
     for row in rec.rows:
+        at_peak = fmt.fmt_bytes(row.bytes, na=fmt.UNMEASURED) if rec.at_peak else "-"
         lines.append(
-            f"  {row.label:<24}{fmt.fmt_bytes(row.bytes, na=fmt.UNMEASURED):>12}"
-            f"{fmt.fmt_share(row.share):>9}"
-            f"{fmt.fmt_bytes_per_param(row.bytes_per_param, na=fmt.NA):>13}"
-            f"{fmt.fmt_bytes_per_param(row.expected_bytes_per_param, na='-'):>10}"
+            f"  {row.label:<24}{at_peak:>12}"
+            f"{fmt.fmt_share(row.share):>8}"
+            f"{fmt.fmt_bytes(row.max_bytes, na=fmt.UNMEASURED):>13}"
+            f"{fmt.fmt_bytes_per_param(row.bytes_per_param, na=fmt.NA):>10}"
+            f"{fmt.fmt_bytes_per_param(row.expected_bytes_per_param, na='-'):>8}"
         )
     unexplained = rec.unexplained
     if unexplained is not None and unexplained > 0:
@@ -154,8 +162,8 @@ def render_process(proc: TrainingProcess, machine: MachineSnapshot | None = None
         return "\n".join(lines)
     nvml = nvml_process_bytes(proc.pid, machine.processes) if machine is not None else None
     rec = reconcile(proc.hello, snap, nvml)
-    lines += memory_table(rec)
-    if snap.peak_phase:
+    lines += memory_table(rec, snap.step)
+    if snap.peak_phase and not rec.at_peak:  # with the split, the total line says where the peak was
         lines.append(f"Peak during: {clean(snap.peak_phase)}")
     lines += step_lines(snap)
     lines += op_group_lines(snap)

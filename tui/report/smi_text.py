@@ -11,6 +11,7 @@ import re
 import time
 from collections.abc import Sequence
 
+from tui import __version__
 from tui.sources.model import GpuInfo, GpuProcess, HostInfo, MachineSnapshot
 
 WIDTH = 91
@@ -224,13 +225,9 @@ def host_line(host: HostInfo) -> str:
     return f"Host {name}: {cores} CPUs, CPU {cpu}, load {load}, memory {memory}, swap {swap}"
 
 
-# pyproject.toml's version, written here so --once need not load importlib.metadata (~8 ms);
-# tests/sources/test_cli.py::test_version fails when the two disagree.
-VERSION = "0.1.0"
-
-
 def tool_version() -> str:
-    return VERSION
+    # tui.__version__, not importlib.metadata: that import alone costs --once ~8 ms.
+    return __version__
 
 
 def _tool_name() -> str:

@@ -77,7 +77,31 @@ def spawn_sleepers(n: int, names: Sequence[str] | None = None) -> list[subproces
     except BaseException:
         stop_sleepers(procs)
         raise
+    _wait_until_exec_done(procs)
     return procs
+
+
+def _wait_until_exec_done(procs: Sequence[subprocess.Popen[bytes]], timeout: float = 5.0) -> None:
+    """Popen returns once exec has begun, but the kernel sets the new command line a moment later:
+    reading it in between gives an empty one (seen on a loaded machine). Wait until every command
+    line is there, so whoever lists the sleepers sees what ``ps`` will show."""
+    import time
+
+    deadline = time.monotonic() + timeout
+    pending = list(procs)
+    while pending and time.monotonic() < deadline:
+        still = []
+        for proc in pending:
+            try:
+                with open(f"/proc/{proc.pid}/cmdline", "rb") as f:
+                    ready = bool(f.read(1))
+            except OSError:  # no /proc (not Linux), or the process already exited: nothing to wait for
+                ready = True
+            if not ready and proc.poll() is None:
+                still.append(proc)
+        pending = still
+        if pending:
+            time.sleep(0.002)
 
 
 def stop_sleepers(procs: Sequence[subprocess.Popen[bytes]]) -> None:

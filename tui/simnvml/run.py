@@ -11,37 +11,68 @@ script is the wrapper script installed next to this interpreter (or on PATH), el
 
 from __future__ import annotations
 
-import argparse
 import atexit
 import os
 import runpy
-import shutil
 import sys
-from importlib.metadata import entry_points
-from pathlib import Path
 
 from tui.simnvml.curves import ScenarioError
 from tui.simnvml.install import _write_calls_at_exit, install
 from tui.simnvml.scenario import Scenario
 
+# The runner is a measuring harness: every module it imports is one the program under test finds
+# already loaded. So it imports as little as it can (no argparse, no importlib.metadata, no shutil),
+# and a program pays for its own start-up as it would when run directly.
+USAGE = """\
+usage: python -m tui.simnvml.run --scenario S.json [--calls-out F.json] -- PROGRAM [ARGS...]
 
-def _parse(argv: list[str]) -> tuple[argparse.Namespace, list[str]]:
+Run a program against a simulated NVIDIA management library.
+
+  --scenario S.json    scenario JSON file (see tui.simnvml.Scenario)
+  --calls-out F.json   write NVML call counts (JSON) here at exit
+
+Everything after -- is the program: a console script name and its arguments, or -m MODULE and its
+arguments."""
+
+
+class _Args:
+    def __init__(self) -> None:
+        self.scenario = ""  # required: _parse refuses an empty one
+        self.calls_out: str | None = None
+
+
+def _usage_error(message: str) -> SystemExit:
+    print(f"{USAGE.splitlines()[0]}\npython -m tui.simnvml.run: error: {message}", file=sys.stderr)
+    return SystemExit(2)
+
+
+def _parse(argv: list[str]) -> tuple[_Args, list[str]]:
     if "--" in argv:
         cut = argv.index("--")
         own, target = argv[:cut], argv[cut + 1 :]
     else:
         own, target = argv, []
-    parser = argparse.ArgumentParser(
-        prog="python -m tui.simnvml.run",
-        description="Run a program against a simulated NVIDIA management library.",
-        epilog="Everything after -- is the program: a console script name and its arguments, "
-        "or -m MODULE and its arguments.",
-    )
-    parser.add_argument("--scenario", required=True, help="scenario JSON file (see tui.simnvml.Scenario)")
-    parser.add_argument("--calls-out", help="write NVML call counts (JSON) here at exit")
-    args = parser.parse_args(own)
+    args = _Args()
+    i = 0
+    while i < len(own):
+        word = own[i]
+        if word in ("-h", "--help"):
+            print(USAGE)
+            raise SystemExit(0)
+        key, eq, value = word.partition("=")
+        if key not in ("--scenario", "--calls-out"):
+            raise _usage_error(f"unrecognized argument: {word}")
+        if not eq:
+            if i + 1 >= len(own):
+                raise _usage_error(f"{key} needs a value")
+            i += 1
+            value = own[i]
+        setattr(args, key[2:].replace("-", "_"), value)
+        i += 1
+    if not args.scenario:
+        raise _usage_error("--scenario is required")
     if not target:
-        parser.error("no program given after --")
+        raise _usage_error("no program given after --")
     return args, target
 
 
@@ -84,9 +115,11 @@ def main(argv: list[str] | None = None) -> int:
     try:
         if script is not None:
             # The installed wrapper script itself, as the shell would run it (minus a new interpreter).
-            runpy.run_path(str(script), run_name="__main__")
+            runpy.run_path(script, run_name="__main__")
             return 0
         # Scanning every distribution's metadata costs ~0.1 s: only when no wrapper script is found.
+        from importlib.metadata import entry_points
+
         found = [ep for ep in entry_points(group="console_scripts") if ep.name == name]
         if not found:
             print(f"simnvml: no console script named {name!r} is installed", file=sys.stderr)
@@ -97,13 +130,16 @@ def main(argv: list[str] | None = None) -> int:
     return result if isinstance(result, int) else 0
 
 
-def _script_file(name: str) -> Path | None:
+def _script_file(name: str) -> str | None:
     """The Python wrapper script installed for console script ``name`` (next to this interpreter
     first, then on PATH), or None."""
     if os.sep in name:
         return None
-    for candidate in (Path(sys.executable).parent / name, shutil.which(name)):
-        if candidate is None or not Path(candidate).is_file():
+    here = os.path.dirname(sys.executable)
+    path_dirs = [d for d in os.environ.get("PATH", "").split(os.pathsep) if d]
+    for directory in [here, *path_dirs]:
+        candidate = os.path.join(directory, name)
+        if not os.path.isfile(candidate) or not os.access(candidate, os.X_OK):
             continue
         try:
             with open(candidate, "rb") as f:
@@ -111,7 +147,7 @@ def _script_file(name: str) -> Path | None:
         except OSError:
             continue
         if first_line.startswith(b"#!") and b"python" in first_line:
-            return Path(candidate)
+            return candidate
     return None
 
 

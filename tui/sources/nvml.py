@@ -20,11 +20,15 @@ import ctypes
 import os
 import threading
 import time
-from collections.abc import Callable
-from dataclasses import dataclass, field, replace
-from typing import Any
+from collections.abc import Callable, Collection
+from dataclasses import replace
 
 from tui.sources.model import GpuInfo, GpuProcess, NvmlStatus
+
+# typing is not imported at run time (~3 ms of --once start-up); the names are for type checkers.
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from typing import Any
 
 LIBRARY_MISSING_REASON = "NVIDIA driver not found (libnvidia-ml.so.1 could not be loaded)"
 BINDINGS_MISSING_REASON = "nvidia-ml-py (pynvml) is not installed"
@@ -35,6 +39,9 @@ _NOT_AVAILABLE_U32 = 0xFFFFFFFF
 _NOT_AVAILABLE_U64 = 0xFFFFFFFFFFFFFFFF
 _PSTATE_UNKNOWN = 32
 _COMPUTE_MODES = {0: "Default", 1: "Exclusive_Thread", 2: "Prohibited", 3: "Exclusive_Process"}
+
+# Fields a caller may leave unasked (``NvmlSource(omit=...)``): what the text report never prints.
+OMITTABLE_FIELDS = ("uuid", "nvml_version")
 
 # Field names of GpuInfo per cache tier.
 IDENTITY_FIELDS = ("name", "uuid", "bus_id")
@@ -69,30 +76,70 @@ class _ProcessInfoV1(ctypes.Structure):
     _fields_ = [("pid", ctypes.c_uint), ("usedGpuMemory", ctypes.c_ulonglong)]
 
 
-@dataclass(frozen=True)
 class NvmlReading:
-    """One pass over NVML: the status, every GPU, every GPU process (not yet host-enriched)."""
+    """One pass over NVML: the status, every GPU, every GPU process (not yet host-enriched).
 
-    status: NvmlStatus
-    gpus: tuple[GpuInfo, ...] = ()
-    processes: tuple[GpuProcess, ...] = ()
-    calls: int = 0  # NVML C calls this pass made (fallback attempts included)
+    ``calls``: the NVML C calls this pass made (fallback attempts included). A plain slotted class,
+    not a dataclass: defining a dataclass costs ~0.5 ms of start-up, which ``--once`` pays.
+    """
+
+    __slots__ = ("calls", "gpus", "processes", "status")
+
+    def __init__(
+        self,
+        status: NvmlStatus,
+        gpus: tuple[GpuInfo, ...] = (),
+        processes: tuple[GpuProcess, ...] = (),
+        calls: int = 0,
+    ) -> None:
+        self.status = status
+        self.gpus = gpus
+        self.processes = processes
+        self.calls = calls
+
+    def _key(self) -> tuple[Any, ...]:
+        return (self.status, self.gpus, self.processes, self.calls)
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, NvmlReading) and self._key() == other._key()
+
+    __hash__ = None  # type: ignore[assignment]
+
+    def __repr__(self) -> str:
+        return (
+            f"NvmlReading(status={self.status!r}, gpus={self.gpus!r}, processes={self.processes!r}, "
+            f"calls={self.calls!r})"
+        )
 
 
-@dataclass
 class _Device:
-    index: int
-    handle: Any = None
-    lost: bool = False
-    error: str | None = None
-    identity: dict[str, Any] | None = None
-    slow: dict[str, Any] | None = None
-    slow_at: float = float("-inf")
-    fast: dict[str, Any] | None = None
-    fast_at: float = float("-inf")
-    processes: tuple[GpuProcess, ...] = ()
-    # Last list length per process kind, to size the next read's buffer.
-    proc_capacity: dict[str, int] = field(default_factory=dict)
+    __slots__ = (
+        "error",
+        "fast",
+        "fast_at",
+        "handle",
+        "identity",
+        "index",
+        "lost",
+        "proc_capacity",
+        "processes",
+        "slow",
+        "slow_at",
+    )
+
+    def __init__(self, index: int) -> None:
+        self.index = index
+        self.handle: Any = None
+        self.lost = False
+        self.error: str | None = None
+        self.identity: dict[str, Any] | None = None
+        self.slow: dict[str, Any] | None = None
+        self.slow_at = float("-inf")
+        self.fast: dict[str, Any] | None = None
+        self.fast_at = float("-inf")
+        self.processes: tuple[GpuProcess, ...] = ()
+        # Last list length per process kind, to size the next read's buffer.
+        self.proc_capacity: dict[str, int] = {}
 
 
 def _decode(value: Any) -> str | None:
@@ -141,7 +188,9 @@ class NvmlSource:
     """Reads nvidia-smi's default view from NVML. Thread-safe; every failure is a value.
 
     ``slow_ttl``/``fast_ttl`` are the cache lifetimes in seconds of the slow and fast tiers;
-    ``init_retry_s`` how long to wait before trying a failed ``nvmlInit`` again.
+    ``init_retry_s`` how long to wait before trying a failed ``nvmlInit`` again. ``omit``: names of
+    optional fields never asked for (left None), so a one-shot report makes only the calls it prints;
+    each one of ``OMITTABLE_FIELDS``.
     """
 
     def __init__(
@@ -151,7 +200,12 @@ class NvmlSource:
         fast_ttl: float = 0.0,
         init_retry_s: float = 30.0,
         clock: Callable[[], float] = time.monotonic,
+        omit: Collection[str] = (),
     ) -> None:
+        unknown = set(omit) - set(OMITTABLE_FIELDS)
+        if unknown:
+            raise ValueError(f"cannot omit {sorted(unknown)}; omittable: {OMITTABLE_FIELDS}")
+        self.omit = frozenset(omit)
         self.slow_ttl = slow_ttl
         self.fast_ttl = fast_ttl
         self.init_retry_s = init_retry_s
@@ -255,7 +309,11 @@ class NvmlSource:
         self._initialized = True
         try:
             driver = _decode(self._get(("nvmlSystemGetDriverVersion", pynvml.nvmlSystemGetDriverVersion)))
-            nvml_version = _decode(self._get(("nvmlSystemGetNVMLVersion", pynvml.nvmlSystemGetNVMLVersion)))
+            nvml_version = (
+                None
+                if "nvml_version" in self.omit
+                else _decode(self._get(("nvmlSystemGetNVMLVersion", pynvml.nvmlSystemGetNVMLVersion)))
+            )
             cuda = self._get(
                 ("nvmlSystemGetCudaDriverVersion_v2", pynvml.nvmlSystemGetCudaDriverVersion_v2),
                 ("nvmlSystemGetCudaDriverVersion", pynvml.nvmlSystemGetCudaDriverVersion),
@@ -371,7 +429,9 @@ class NvmlSource:
         pynvml = self._nvml
         return {
             "name": _decode(self._get(("nvmlDeviceGetName", lambda: pynvml.nvmlDeviceGetName(h)))),
-            "uuid": _decode(self._get(("nvmlDeviceGetUUID", lambda: pynvml.nvmlDeviceGetUUID(h)))),
+            "uuid": None
+            if "uuid" in self.omit
+            else _decode(self._get(("nvmlDeviceGetUUID", lambda: pynvml.nvmlDeviceGetUUID(h)))),
             "bus_id": self._bus_id(h),
         }
 
@@ -553,6 +613,7 @@ __all__ = [
     "BINDINGS_MISSING_REASON",
     "CLOSED_REASON",
     "LIBRARY_MISSING_REASON",
+    "OMITTABLE_FIELDS",
     "NvmlReading",
     "NvmlSource",
     "format_cuda_version",

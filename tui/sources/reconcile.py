@@ -1,20 +1,22 @@
 """Reconcile the hook's memory anatomy with what NVML reports for the same process.
 
-On CUDA, NVML's per-process figure is everything the process holds on the GPU:
+When the hook sends ``Snapshot.at_peak`` (what each component held at the moment of the step's peak),
+the rows are that split, and they add up exactly:
 
-    NVML bytes = CUDA context + kernels            (= NVML bytes − reserved)
-               + allocator cache                   (= reserved − allocated)
-               + allocated                         (what the model components hold)
+    CUDA:  NVML bytes = CUDA context + kernels      (= NVML bytes − reserved)
+                      + allocator cache             (= reserved − peak allocated)
+                      + the at-peak rows            (sum = peak allocated: weights, optimizer states,
+                                                     gradients, activations, temporaries, unattributed)
+    CPU:   peak = the at-peak rows                  (glibc heap in use at the step's peak)
 
-CUDA context and allocator cache are derived from measured figures (NVML's, and the caching
-allocator's). The model components (weights, optimizer states, gradients, activations, temporaries,
-unattributed) are the hook's. ``reconciles`` says whether the rows add up exactly to the total — NVML's
-figure on CUDA, the step's measured peak on CPU (where the CUDA rows are left out). When they do not,
-the difference is reported (``unexplained``, ``note``), never hidden in a plug figure: the hook measures
-each component at its own high point, and activations (freed by the end of backward) and optimizer
-states (grown in the optimizer step) need not coexist, so the rows can sum to more than the peak.
+Each row also carries ``max_bytes``, the component at its own maximum in the step (``Snapshot.memory``):
+gradients at their peak, activations at theirs — the figure for the Max column and bytes/param. The
+bar and the shares use the at-peak bytes, so the shares sum to 100%.
 
-Shares are fractions of the larger of the total and the rows' sum, so no share exceeds 100%.
+An older hook (no ``at_peak``) gets the former view: each component at its own maximum, checked
+against the total, the difference reported (``unexplained``, ``note``), never hidden in a plug figure.
+Without NVML's figure (CUDA) the total is the allocator's reserved bytes and the CUDA context is
+unmeasured.
 
 Stdlib only.
 """
@@ -40,10 +42,11 @@ TOTAL_SUM = "sum"  # nothing to check against: the sum of what was measured
 @dataclass(frozen=True)
 class ReconciledRow:
     component: Component
-    bytes: int | None  # None: unmeasured
+    bytes: int | None  # held at the step's peak (its own maximum for an older hook); None: unmeasured
     share: float | None  # of Reconciled.total, 0..1
-    bytes_per_param: float | None
+    bytes_per_param: float | None  # of max_bytes
     expected_bytes_per_param: float | None  # the guide's figure for this set-up; None: no guide figure
+    max_bytes: int | None = None  # the component at its own maximum in the step
 
     @property
     def label(self) -> str:
@@ -59,7 +62,11 @@ class Reconciled:
     reconciles: bool  # every row measured and they sum exactly to ``total``
     parameter_count: int
     on_cuda: bool
-    note: str | None = None  # why it does not reconcile, in words
+    note: str | None = None  # why it does not reconcile (or, on CPU, what the total is), in words
+    at_peak: bool = False  # rows are the split at the peak (else each component at its own maximum)
+    peak_bytes: int | None = None  # the step's peak: allocated (CUDA) / glibc heap in use (CPU)
+    peak_phase: str | None = None
+    at_peak_step: int | None = None  # the step whose per-op trace gave the split
 
     def row(self, component: Component) -> ReconciledRow | None:
         return next((r for r in self.rows if r.component is component), None)
@@ -70,11 +77,18 @@ class Reconciled:
         return None if self.total_source == TOTAL_SUM else self.total - self.measured_sum
 
 
+SUM_OF_ROWS = " = sum of the rows"
+CPU_TOTAL_NOTE = "on CPU the total is the glibc heap in use at the step's peak"
+
+
 def reconcile(hello: Hello | None, snapshot: Snapshot, nvml_process_bytes: int | None) -> Reconciled:
-    """Rows per component with bytes, share of the total, bytes/param and the guide's bytes/param."""
+    """Rows per component with bytes at the peak, share of the total, the component's own maximum,
+    bytes/param and the guide's bytes/param."""
     device = hello.device if hello is not None else ""
     on_cuda = snapshot.cuda is not None or device.startswith("cuda")
     params = snapshot.parameter_count or (hello.parameter_count if hello is not None else 0)
+    if snapshot.at_peak is not None and snapshot.peak_bytes is not None:
+        return _reconcile_at_peak(snapshot, nvml_process_bytes, on_cuda, params)
     values: dict[Component, int | None] = {c: snapshot.memory.get(c.value) for c in MODEL_COMPONENTS}
     note: str | None = None
 
@@ -138,6 +152,7 @@ def reconcile(hello: Hello | None, snapshot: Snapshot, nvml_process_bytes: int |
                 share=value / denominator if value is not None and denominator > 0 else None,
                 bytes_per_param=value / params if value is not None and params > 0 else None,
                 expected_bytes_per_param=snapshot.expected_bytes_per_param.get(c.value),
+                max_bytes=value,
             )
         )
     return Reconciled(
@@ -149,7 +164,115 @@ def reconcile(hello: Hello | None, snapshot: Snapshot, nvml_process_bytes: int |
         parameter_count=params,
         on_cuda=on_cuda,
         note=note,
+        peak_bytes=snapshot.peak_bytes,
+        peak_phase=snapshot.peak_phase,
     )
+
+
+def _reconcile_at_peak(
+    snapshot: Snapshot, nvml_process_bytes: int | None, on_cuda: bool, params: int
+) -> Reconciled:
+    at_peak = snapshot.at_peak or {}
+    peak = snapshot.peak_bytes or 0
+    values: dict[Component, int | None] = {c: at_peak.get(c.value) for c in MODEL_COMPONENTS}
+    maxima: dict[Component, int | None] = {c: snapshot.memory.get(c.value) for c in MODEL_COMPONENTS}
+    note: str | None = None
+    skip: set[Component] = set()  # rows that cannot be measured in this situation (not a failure)
+    if on_cuda:
+        cuda = snapshot.cuda
+        reserved = cuda.reserved if cuda is not None else None
+        cache = context = None
+        if reserved is not None and reserved >= peak:
+            cache = reserved - peak
+        if nvml_process_bytes is not None and reserved is not None and nvml_process_bytes >= reserved:
+            context = nvml_process_bytes - reserved
+        values[Component.CUDA_CONTEXT] = maxima[Component.CUDA_CONTEXT] = context
+        values[Component.ALLOCATOR_CACHE] = maxima[Component.ALLOCATOR_CACHE] = cache
+        total: int
+        if nvml_process_bytes is not None:
+            total, total_source = nvml_process_bytes, TOTAL_NVML
+        elif reserved is not None:
+            total, total_source = reserved, TOTAL_RESERVED
+            skip.add(Component.CUDA_CONTEXT)
+            note = (
+                "NVML's per-process memory is not available: the total is the allocator's reserved bytes; "
+                "the CUDA context is unmeasured"
+            )
+        else:
+            total, total_source = peak, TOTAL_PEAK
+            skip.update(CUDA_COMPONENTS)
+            note = "the hook sent no CUDA allocator figures: the total is the peak allocated"
+        if reserved is not None and reserved < peak:
+            note = "the allocator reserves less than the step's peak allocated (its cache was emptied)"
+        if reserved is not None and nvml_process_bytes is not None and nvml_process_bytes < reserved:
+            note = "NVML reports less for this process than its allocator reserved"
+        order: tuple[Component, ...] = (*CUDA_COMPONENTS, *MODEL_COMPONENTS)
+    else:
+        total, total_source = peak, TOTAL_PEAK
+        note = CPU_TOTAL_NOTE
+        order = MODEL_COMPONENTS
+    measured_sum = sum(values[c] or 0 for c in order)
+    all_measured = all(values[c] is not None for c in order if c not in skip)
+    reconciles = all_measured and measured_sum == total
+    if not reconciles and (note is None or note == CPU_TOTAL_NOTE):
+        missing = [c.label for c in order if values[c] is None and c not in skip]
+        if missing:
+            note = "unmeasured: " + ", ".join(missing)
+        elif measured_sum > total:
+            note = f"the rows sum to {fmt_bytes(measured_sum)}, more than the total {fmt_bytes(total)}"
+        else:
+            note = f"{fmt_bytes(total - measured_sum)} of the total is not accounted for by any component"
+    denominator = max(total, measured_sum)
+    rows = tuple(
+        ReconciledRow(
+            component=c,
+            bytes=values[c],
+            share=_fraction(values[c], denominator),
+            bytes_per_param=_per_param(maxima[c], params),
+            expected_bytes_per_param=snapshot.expected_bytes_per_param.get(c.value),
+            max_bytes=maxima[c],
+        )
+        for c in order
+    )
+    return Reconciled(
+        rows=rows,
+        total=total,
+        total_source=total_source,
+        measured_sum=measured_sum,
+        reconciles=reconciles,
+        parameter_count=params,
+        on_cuda=on_cuda,
+        note=note,
+        at_peak=True,
+        peak_bytes=snapshot.peak_bytes,
+        peak_phase=snapshot.peak_phase,
+        at_peak_step=snapshot.at_peak_step,
+    )
+
+
+def _fraction(value: int | None, denominator: int) -> float | None:
+    return value / denominator if value is not None and denominator > 0 else None
+
+
+def _per_param(value: int | None, params: int) -> float | None:
+    return value / params if value is not None and params > 0 else None
+
+
+def total_line(rec: Reconciled, step: int | None = None) -> str:
+    """The pane's total line: "Peak 96.8 MiB in optimizer = sum of the rows" (CPU), with NVML's figure
+    first on CUDA ("NVML 14.6 GiB = sum of the rows · peak allocated 12.1 GiB in backward")."""
+    phase = f" in {rec.peak_phase}" if rec.peak_phase else ""
+    peak = f"{fmt_bytes(rec.peak_bytes)}{phase}"
+    equals = SUM_OF_ROWS if rec.reconciles else ""
+    if rec.total_source == TOTAL_NVML:
+        line = f"NVML {fmt_bytes(rec.total)}{equals} · peak allocated {peak}"
+    elif rec.total_source == TOTAL_RESERVED:
+        line = f"Reserved {fmt_bytes(rec.total)}{equals} · peak allocated {peak}"
+    else:
+        line = f"Peak {peak}{equals}"
+    if rec.at_peak_step is not None and step is not None and rec.at_peak_step != step:
+        line += f" · split traced at step {rec.at_peak_step}"
+    return line
 
 
 def nvml_process_bytes(pid: int, processes: Iterable[GpuProcess]) -> int | None:

@@ -30,9 +30,10 @@ from tui.widgets.stacked_bar import StackedBar
 from tui.widgets.text_static import TextStatic
 
 COMPONENT_COLUMNS: tuple[tuple[str, str], ...] = (
-    ("component", "   Component"),
-    ("bytes", "Bytes"),
+    ("component", "  Component"),
+    ("bytes", "At peak"),  # held at the moment of the step's peak: the bar, the share
     ("share", "Share"),
+    ("max", "Max in step"),  # the component at its own maximum: bytes/param
     ("bpp", "B/param"),
     ("expected", "Guide"),
 )
@@ -63,19 +64,24 @@ EMPTY_HINT = (
 
 
 def component_cells(rec: Reconciled) -> dict[str, tuple[Text, ...]]:
+    """Row key -> cells in COMPONENT_COLUMNS order. Without an at-peak split (an older hook) the rows
+    are each component's own maximum: they go to the Max column and the At peak column shows a dash."""
     rows: dict[str, tuple[Text, ...]] = {}
     for row in rec.rows:
         measured = row.bytes is not None
+        peak_cell = fmt.fmt_bytes(row.bytes, fmt.UNMEASURED) if rec.at_peak else "—"
         rows[row.component.value] = (
-            Text.assemble((FULL * 2, COMPONENT_STYLES[row.component]), " ", row.component.label),
-            Text(
-                fmt.fmt_bytes(row.bytes, fmt.UNMEASURED),
-                justify="right",
-                style="" if measured else "bright_black",
-            ),
+            Text.assemble((FULL, COMPONENT_STYLES[row.component]), " ", row.component.label),
+            Text(peak_cell, justify="right", style="" if measured and rec.at_peak else "bright_black"),
             Text(fmt.fmt_share(row.share, na="") if measured else "", justify="right"),
             Text(
-                fmt.fmt_bytes_per_param(row.bytes_per_param, "" if not measured else fmt.NA), justify="right"
+                fmt.fmt_bytes(row.max_bytes, fmt.UNMEASURED),
+                justify="right",
+                style="" if row.max_bytes is not None else "bright_black",
+            ),
+            Text(
+                fmt.fmt_bytes_per_param(row.bytes_per_param, "" if row.max_bytes is None else fmt.NA),
+                justify="right",
             ),
             Text(
                 fmt.fmt_bytes_per_param(row.expected_bytes_per_param, "—"),
@@ -111,7 +117,9 @@ class AnatomyPane(VerticalScroll):
             yield TextStatic(id="anatomy-title")
             yield TextStatic(id="anatomy-alert")
             yield StackedBar(id="anatomy-bar")
-            yield _table(COMPONENT_COLUMNS, ("bytes", "share", "bpp", "expected"), id="anatomy-components")
+            yield _table(
+                COMPONENT_COLUMNS, ("bytes", "share", "max", "bpp", "expected"), id="anatomy-components"
+            )
             yield TextStatic(id="anatomy-reconcile")
             yield Static(Text("Step time", style="bold"), classes="section")
             yield TextStatic(id="anatomy-timing")
@@ -167,7 +175,9 @@ class AnatomyPane(VerticalScroll):
         self.query_one("#anatomy-components", LineTable).set_rows(list(cells.items()))
         self._update(
             "#anatomy-reconcile",
-            reconcile_note(rec) if rec is not None else Text("no snapshot yet", style="bright_black"),
+            reconcile_note(rec, snap.step if snap is not None else None)
+            if rec is not None
+            else Text("no snapshot yet", style="bright_black"),
         )
         self._update("#anatomy-timing", timing_text(snap))
         groups = op_group_cells(snap)

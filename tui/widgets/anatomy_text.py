@@ -12,7 +12,7 @@ from anatomy.protocol import Hello, OpGroupStat, Snapshot, Suggestion
 from anatomy.vocabulary import OpGroup, Source
 from tui import format as fmt
 from tui.sources.anatomy_source import TrainingProcess
-from tui.sources.reconcile import TOTAL_NVML, TOTAL_PEAK, TOTAL_RESERVED, Reconciled
+from tui.sources.reconcile import SUM_OF_ROWS, TOTAL_NVML, TOTAL_PEAK, TOTAL_RESERVED, Reconciled, total_line
 from tui.widgets.bars import meter
 
 STATE_BADGES: dict[str, tuple[str, str]] = {
@@ -78,8 +78,21 @@ def alert_text(process: TrainingProcess) -> Text | None:
     return None
 
 
-def reconcile_note(rec: Reconciled) -> Text:
+def reconcile_note(rec: Reconciled, step: int | None = None) -> Text:
     text = Text()
+    if rec.at_peak:
+        line = total_line(rec, step)
+        head, sep, rest = line.partition(SUM_OF_ROWS)
+        text.append(head, style="bold")
+        if sep:
+            text.append(sep + " ✓", style="green")
+        text.append(rest, style="bright_black")
+        if rec.reconciles and rec.total_source == TOTAL_PEAK and not rec.on_cuda:
+            text.append("\nglibc heap in use at the step's peak", style="bright_black")
+        elif not rec.reconciles and rec.note:
+            text.append("\n")
+            text.append(Text(rec.note, style="yellow"))
+        return text
     text.append("Total ", style="bright_black")
     text.append(fmt.fmt_bytes(rec.total), style="bold")
     if rec.reconciles:
@@ -145,7 +158,7 @@ def timing_text(snapshot: Snapshot | None) -> Text:
     text.append(fmt.fmt_share(snapshot.mfu), style="bold")
     if snapshot.achieved_tflops is not None:
         text.append(f" ({fmt.fmt_tflops(snapshot.achieved_tflops)})", style="bright_black")
-    if snapshot.peak_bytes is not None:
+    if snapshot.peak_bytes is not None and snapshot.at_peak is None:  # else the memory total line says it
         text.append("\nPeak ", style="bright_black")
         text.append(fmt.fmt_bytes(snapshot.peak_bytes), style="bold")
         if snapshot.peak_phase:

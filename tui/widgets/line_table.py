@@ -21,7 +21,7 @@ from rich.style import Style
 from rich.text import Text
 from textual import events
 from textual.binding import Binding, BindingType
-from textual.geometry import Size
+from textual.geometry import Region, Size
 from textual.message import Message
 from textual.scroll_view import ScrollView
 from textual.strip import Strip
@@ -36,10 +36,6 @@ def same_text(a: Text | str | None, b: Text | str | None) -> bool:
     if isinstance(a, Text) and isinstance(b, Text):
         return a.plain == b.plain and a.style == b.style and a.spans == b.spans
     return a == b
-
-
-def same_cells(a: Sequence[Text] | None, b: Sequence[Text]) -> bool:
-    return a is not None and len(a) == len(b) and all(same_text(x, y) for x, y in zip(a, b, strict=True))
 
 
 class LineTable(ScrollView):
@@ -102,6 +98,7 @@ class LineTable(ScrollView):
         self._announced: str | None = None
         self._style_cache: tuple[Style, Style, Style] | None = None
         self._cell_cache: dict[tuple[str, int], tuple[Text, int, list[Segment]]] = {}
+        self._lens: dict[str, tuple[tuple[Text, ...], list[int]]] = {}  # per row: its cells' widths
 
     # -- data ------------------------------------------------------------------------------------
 
@@ -125,23 +122,44 @@ class LineTable(ScrollView):
         return self.row_keys[min(self.cursor_row, len(self.row_keys) - 1)]
 
     def set_rows(self, rows: Sequence[tuple[str, Sequence[Text]]], keep_cursor_on_key: bool = True) -> None:
-        """Show ``rows`` in this order. The cursor follows its row's key when that row is still there."""
+        """Show ``rows`` in this order. The cursor follows its row's key when that row is still there.
+
+        Only the cells whose text changed are repainted (a screen region per changed row, spanning its
+        changed cells): Textual then renders and writes those cells alone. Passing the very same cell
+        tuple as last time for a row that did not change makes that row cost one identity test."""
         selected = self.cursor_key
         keys = [k for k, _ in rows]
         new_cells = {k: tuple(cells) for k, cells in rows}
         widths = [Text(label).cell_len for _, label, _ in self.columns]
-        for cells in new_cells.values():
-            for i, cell in enumerate(cells):
-                widths[i] = max(widths[i], cell.cell_len)
+        lens_cache = self._lens
+        self._lens = {}
+        for key, cells in new_cells.items():
+            lens = lens_cache.get(key)
+            if lens is None or lens[0] is not cells:
+                lens = (cells, [cell.cell_len for cell in cells])
+            self._lens[key] = lens
+            for i, n in enumerate(lens[1]):
+                if n > widths[i]:
+                    widths[i] = n
         structural = keys != self.row_keys or widths != self._widths
-        changed = [i for i, k in enumerate(keys) if not same_cells(self._cells.get(k), new_cells[k])]
+        changed: list[tuple[int, int, int]] = []  # (row index, first changed column, last changed column)
+        for index, key in enumerate(keys):
+            old, cells = self._cells.get(key), new_cells[key]
+            if old is cells:
+                continue
+            if old is None or len(old) != len(cells):
+                changed.append((index, 0, len(cells) - 1))
+                continue
+            moved = [i for i, (a, b) in enumerate(zip(old, cells, strict=True)) if not same_text(a, b)]
+            if moved:
+                changed.append((index, moved[0], moved[-1]))
         self.row_keys, self._cells, self._widths = keys, new_cells, widths
         self._row_index = {k: i for i, k in enumerate(keys)}
         for key in [k for k in self._strips if k not in new_cells]:
             del self._strips[key]
         if len(self._cell_cache) > 2 * len(self.columns) * (len(new_cells) + 1):
             self._cell_cache = {k: v for k, v in self._cell_cache.items() if k[0] in new_cells}
-        for index in changed:
+        for index, _, _ in changed:
             self._strips.pop(keys[index], None)
         if keep_cursor_on_key and selected is not None and selected in self._row_index:
             self.cursor_row = self._row_index[selected]
@@ -152,13 +170,29 @@ class LineTable(ScrollView):
             total = sum(widths) + GAP * max(0, len(widths) - 1) + 2
             self.virtual_size = Size(total, len(keys) + 1)
             self.refresh(layout=True)
-        else:
-            scroll_y = int(self.scroll_offset.y)
-            for index in changed:
-                y = index + 1 - scroll_y  # screen line: the header is line 0 and stays put
-                if 1 <= y < self.size.height:
-                    self.refresh_line(y)
+        elif changed:
+            self._refresh_cells(changed)
         self._announce()
+
+    def _column_x(self, column: int) -> int:
+        """The first cell of ``column`` in the unscrolled line (a space, then columns GAP apart)."""
+        return 1 + sum(self._widths[:column]) + GAP * column
+
+    def _refresh_cells(self, changed: Sequence[tuple[int, int, int]]) -> None:
+        scroll_x, scroll_y = (int(v) for v in self.scroll_offset)
+        height = self.size.height
+        for index, first, last in changed:
+            y = index + 1 - scroll_y  # the widget's line: the header is line 0 and stays put
+            if 1 <= y < height:
+                x0 = self._column_x(first) - scroll_x
+                x1 = self._column_x(last) + self._widths[last] - scroll_x
+                if x1 > 0:
+                    self.refresh(Region(max(0, x0), y, x1 - max(0, x0), 1))
+
+    def _refresh_row(self, index: int) -> None:
+        y = index + 1 - int(self.scroll_offset.y)
+        if 1 <= y < self.size.height:
+            self.refresh(Region(0, y, self.size.width, 1))
 
     # -- cursor ------------------------------------------------------------------------------------
 
@@ -171,9 +205,7 @@ class LineTable(ScrollView):
         if scroll:
             self._scroll_to_cursor()
         for index in {old, row}:
-            y = index + 1 - int(self.scroll_offset.y)
-            if 1 <= y < self.size.height:
-                self.refresh_line(y)
+            self._refresh_row(index)
         self._announce()
 
     def _announce(self) -> None:

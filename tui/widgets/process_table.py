@@ -60,23 +60,47 @@ def glyph_for(state: str | None) -> Text:
     return Text(glyph, style=style)
 
 
-def process_cells(row: ProcessRow) -> tuple[Text, ...]:
-    command = row.command or fmt.NA
-    if len(command) > COMMAND_WIDTH:
-        command = command[: COMMAND_WIDTH - 1] + "…"
-    command_text = Text(command, style="" if row.alive else "strike bright_black")
-    if row.rank is not None:
-        command_text.append(f"  rank {row.rank}", style="cyan")
+def _shown_values(row: ProcessRow) -> tuple[object, ...]:
+    """What the row's cells show, as plain values: rows with equal values have equal cells (running
+    time and CPU % move every refresh in the row, rarely on screen)."""
     return (
-        glyph_for(row.training_state),
-        Text("-" if row.gpu_index is None else str(row.gpu_index), justify="right"),
-        Text(str(row.pid), justify="right"),
-        Text(row.user or fmt.NA),
-        Text(row.type),
-        _right(fmt.fmt_bytes(row.gpu_memory)),
-        _right(fmt.fmt_percent(row.cpu_percent, 1)),
-        _right(fmt.fmt_bytes(row.host_rss)),
-        _right(fmt.fmt_duration(row.running_time_s)),
+        row.training_state,
+        row.gpu_index,
+        row.pid,
+        row.user,
+        row.type,
+        fmt.fmt_bytes(row.gpu_memory),
+        fmt.fmt_percent(row.cpu_percent, 1),
+        fmt.fmt_bytes(row.host_rss),
+        fmt.fmt_elapsed(row.running_time_s),
+        row.command,
+        row.alive,
+        row.rank,
+    )
+
+
+def process_cells(row: ProcessRow) -> tuple[Text, ...]:
+    return _cells_of(_shown_values(row))
+
+
+def _cells_of(values: tuple[object, ...]) -> tuple[Text, ...]:
+    state, gpu_index, pid, user, type_, gpu_memory, cpu, rss, elapsed, command, alive, rank = values
+    shown = str(command or fmt.NA)
+    if len(shown) > COMMAND_WIDTH:
+        shown = shown[: COMMAND_WIDTH - 1] + "…"
+    command_text = Text(shown, style="" if alive else "strike bright_black")
+    if rank is not None:
+        command_text.append(f"  rank {rank}", style="cyan")
+    return (
+        glyph_for(state if isinstance(state, str) else None),
+        Text("-" if gpu_index is None else str(gpu_index), justify="right"),
+        Text(str(pid), justify="right"),
+        Text(str(user or fmt.NA)),
+        Text(str(type_)),
+        _right(str(gpu_memory)),
+        _right(str(cpu)),
+        _right(str(rss)),
+        _right(str(elapsed)),
         command_text,
     )
 
@@ -97,6 +121,9 @@ class ProcessTable(LineTable):
         self.sort_column: str = SORT_KEYS[0]
         self.sort_reverse: bool = False
         self.filter_text: str = ""
+        # Per row key: the shown values and their cells, reused while the values are equal (most rows,
+        # most refreshes), so set_rows sees the very same cell tuple and skips the row.
+        self._cells_cache: dict[str, tuple[tuple[object, ...], tuple[Text, ...]]] = {}
 
     # -- state changes ------------------------------------------------------------------------
 
@@ -141,7 +168,19 @@ class ProcessTable(LineTable):
     def total_count(self) -> int:
         return len(self._all)
 
+    def _cells_for(self, row: ProcessRow) -> tuple[Text, ...]:
+        values = _shown_values(row)
+        cached = self._cells_cache.get(row.key)
+        if cached is not None and cached[0] == values:
+            return cached[1]
+        cells = _cells_of(values)
+        self._cells_cache[row.key] = (values, cells)
+        return cells
+
     def _render_rows(self) -> None:
         shown = sort_rows(filter_rows(self._all, self.filter_text), self.sort_column, self.sort_reverse)
         self.rows_by_key = {r.key: r for r in shown}
-        self.set_rows([(r.key, process_cells(r)) for r in shown])
+        self.set_rows([(r.key, self._cells_for(r)) for r in shown])
+        if len(self._cells_cache) > 2 * len(self._all) + 16:
+            keys = {r.key for r in self._all}
+            self._cells_cache = {k: v for k, v in self._cells_cache.items() if k in keys}
