@@ -1,11 +1,12 @@
-"""Regenerate the README's screenshots from frozen data: screenshots/{wide,narrow,demo}.{svg,png}.
+"""Regenerate the README's screenshots: screenshots/{wide,narrow,ranks,demo}.{svg,png}.
 
     .venv/bin/python scripts/screenshots.py [--out screenshots]
 
-Each screen is rendered headless by the real app (``App.run_test``) from the frozen 8-GPU box in
-tests/tui/frozen.py, saved as SVG with ``export_screenshot()``, and converted to PNG with cairosvg when it
-is installed (it renders faithfully with Debian's fonts-firacode; without cairosvg only the SVGs are
-written and the script says so). Exit status 0 when every SVG was written.
+Each screen is rendered headless by the real app (``App.run_test``): wide, narrow and ranks from the
+frozen 8-GPU box in tests/tui/frozen.py; demo from a live `--demo` (simulated GPUs, real CPU training
+job). Saved as SVG with ``export_screenshot()`` and converted to PNG with cairosvg when it is installed
+(it renders faithfully with Debian's fonts-firacode; without cairosvg only the SVGs are written and the
+script says so). Exit status 0 when every SVG was written.
 """
 
 from __future__ import annotations
@@ -47,7 +48,7 @@ async def _narrow(pilot: Pilot[Any]) -> None:
     await pilot.press("tab")
 
 
-async def _demo(pilot: Pilot[Any]) -> None:
+async def _ranks(pilot: Pilot[Any]) -> None:
     await _select(pilot, frozen.DDP_PIDS[1])
 
 
@@ -61,15 +62,35 @@ class Shot:
 SHOTS = (
     Shot("wide", (160, 50), _wide),
     Shot("narrow", (80, 30), _narrow),
-    Shot("demo", (140, 45), _demo),
+    Shot("ranks", (140, 45), _ranks),
 )
+
+
+async def render_live_demo(size: tuple[int, int] = (160, 50)) -> str:
+    """What `anatomy-top --demo` shows: the simulated 8-GPU box and the real CPU training job publishing
+    through the real hook (not frozen data, so its numbers differ from run to run)."""
+    from tui.demo import start_demo
+    from tui.sources.anatomy_source import AnatomySource
+    from tui.sources.machine import MachineSource
+
+    handle = start_demo(install_signal_handlers=False)
+    try:
+        if not handle.wait_until_publishing(90):
+            raise RuntimeError("the demo's training job did not publish within 90 s")
+        app = AnatomyTopApp(MachineSource(), AnatomySource(), interval=2.0, handle_signals=False)
+        async with app.run_test(size=size) as pilot:
+            await app.wait_for_poll(count=6, timeout=60)
+            await pilot.pause()
+            return app.export_screenshot(title="anatomy-top --demo")
+    finally:
+        handle.stop()
 
 
 async def render(shot: Shot) -> str:
     app = AnatomyTopApp(
         frozen.FakeMachineSource(),
         frozen.FakeAnatomySource(),
-        interval=3600.0,
+        interval=2.0,
         handle_signals=False,
         host_lookup=frozen.frozen_host_lookup,
     )
@@ -98,11 +119,13 @@ def main(argv: list[str] | None = None) -> int:
     time.tzset()
     args.out.mkdir(parents=True, exist_ok=True)
     missing_png = False
-    for shot in SHOTS:
-        svg = asyncio.run(render(shot))
-        svg_path = args.out / f"{shot.name}.svg"
+    renders = [(shot.name, lambda shot=shot: render(shot)) for shot in SHOTS]
+    renders.append(("demo", render_live_demo))
+    for name, make in renders:
+        svg = asyncio.run(make())
+        svg_path = args.out / f"{name}.svg"
         svg_path.write_text(svg, encoding="utf-8")
-        png_path = args.out / f"{shot.name}.png"
+        png_path = args.out / f"{name}.png"
         if to_png(svg, png_path):
             print(f"wrote {svg_path} and {png_path}")
         else:

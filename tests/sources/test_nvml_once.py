@@ -79,8 +79,7 @@ def test_machine_once_equals_the_monitors_first_snapshot(
     assert calls == source.last_nvml_calls
     # Field by field over the whole snapshot, so a field the monitor's path gains shows up here too.
     # Left out: what moves between the two readings (clock, power curve, memory, load, running time)
-    # and RSS, which the monitor reads from /proc/PID/stat (an approximate counter) and --once, as
-    # psutil and ps do, from statm (test_procfs compares that with psutil).
+    # and RSS (both read statm, but a moment apart; test_procfs compares it with psutil).
     assert dataclasses.replace(mine, time=0.0, gpus=(), processes=(), host=mine.host) == dataclasses.replace(
         reference, time=0.0, gpus=(), processes=(), host=mine.host
     )

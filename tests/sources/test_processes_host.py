@@ -1,4 +1,5 @@
-"""Host snapshot and the psutil enrichment of GPU processes, against real local processes."""
+"""Host snapshot and the enrichment of GPU processes (/proc through ``tui.sources.procfs``, psutil as the
+fallback), against real local processes with psutil as the reference."""
 
 from __future__ import annotations
 
@@ -15,12 +16,13 @@ import psutil
 import pytest
 
 from tui.simnvml import Curve, Scenario, SimProcess
-from tui.sources import processes
+from tui.sources import procfs
 from tui.sources.host import HostSource
 from tui.sources.machine import MachineSource
 from tui.sources.model import GpuProcess
 from tui.sources.nvml import NvmlSource
-from tui.sources.processes import ProcessEnricher, parse_proc_stat, read_proc_stat
+from tui.sources.processes import ProcessEnricher
+from tui.sources.procfs import parse_proc_stat, read_proc_stat
 
 GiB = 1 << 30
 
@@ -95,8 +97,9 @@ def test_process_exits_between_nvml_list_and_psutil_lookup(
     assert gone.alive is False and gone.command is None and gone.gpu_memory == 2 * GiB
 
 
+@pytest.mark.parametrize("path", ["procfs", "psutil"])
 def test_access_denied_gives_what_is_readable(
-    monkeypatch: pytest.MonkeyPatch, spawn: Callable[[str], Any]
+    monkeypatch: pytest.MonkeyPatch, spawn: Callable[[str], Any], path: str
 ) -> None:
     proc = spawn("python other_users_job.py")
     time.sleep(0.1)
@@ -106,7 +109,19 @@ def test_access_denied_gives_what_is_readable(
 
     monkeypatch.setattr(psutil.Process, "cmdline", denied)
     monkeypatch.setattr(psutil.Process, "username", denied)
-    (p,) = ProcessEnricher().enrich([GpuProcess(gpu_index=0, pid=proc.pid, type="C")])
+    read_file = procfs.read_file
+
+    def denied_file(name: str) -> bytes | None:
+        if path == "psutil" and name.endswith("/stat"):  # hidepid-like: the psutil fallback answers
+            raise PermissionError(name)
+        if name.endswith(("/cmdline", "/status")):
+            raise PermissionError(name)
+        return read_file(name)
+
+    monkeypatch.setattr(procfs, "read_file", denied_file)
+    enricher = ProcessEnricher()
+    (p,) = enricher.enrich([GpuProcess(gpu_index=0, pid=proc.pid, type="C")])
+    assert isinstance(enricher._cache[proc.pid], psutil.Process) == (path == "psutil")
     assert p.alive and p.command is None and p.user is None
     assert p.name == "sleep" and p.host_rss is not None and p.host_rss > 0 and p.running_time_s is not None
 
@@ -166,13 +181,13 @@ def test_static_facts_are_read_once_per_process(
     proc = spawn("python train.py --cached")
     time.sleep(0.1)
     reads: list[int] = []
-    cmdline = psutil.Process.cmdline
+    cmdline = procfs.ProcReader.cmdline
 
-    def counting(self: psutil.Process) -> list[str]:
-        reads.append(self.pid)
-        return cmdline(self)
+    def counting(self: procfs.ProcReader, pid: int) -> list[str] | None:
+        reads.append(pid)
+        return cmdline(self, pid)
 
-    monkeypatch.setattr(psutil.Process, "cmdline", counting)
+    monkeypatch.setattr(procfs.ProcReader, "cmdline", counting)
     enricher = ProcessEnricher()
     gpu = [GpuProcess(gpu_index=0, pid=proc.pid, type="C")]
     results = [enricher.enrich(gpu)[0] for _ in range(4)]
@@ -215,7 +230,7 @@ def test_a_recycled_pid_is_a_new_process(
     assert real is not None
     # Same PID, a later start time: another process. Its CPU % has no interval yet.
     recycled = dataclasses.replace(real, start_ticks=real.start_ticks + 100)
-    monkeypatch.setattr(processes, "read_proc_stat", lambda pid: recycled)
+    monkeypatch.setattr(procfs.ProcReader, "stat", lambda self, pid: recycled)
     (third,) = enricher.enrich(gpu)
     assert third.cpu_percent is None and third.alive
     expected = time.time() - (psutil.boot_time() + recycled.start_ticks / os.sysconf("SC_CLK_TCK"))
@@ -260,10 +275,10 @@ def test_unreadable_proc_stat_falls_back_to_psutil(
     proc = spawn("python hidden_by_hidepid.py")
     time.sleep(0.1)
 
-    def denied(pid: int) -> None:
+    def denied(self: procfs.ProcReader, pid: int) -> None:
         raise PermissionError(pid)
 
-    monkeypatch.setattr(processes, "read_proc_stat", denied)
+    monkeypatch.setattr(procfs.ProcReader, "stat", denied)
     enricher = ProcessEnricher()
     gpu = [GpuProcess(gpu_index=0, pid=proc.pid, type="C")]
     (first,) = enricher.enrich(gpu)

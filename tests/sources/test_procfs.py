@@ -1,5 +1,5 @@
-"""``tui.sources.procfs`` (the --once host reader) against psutil, the independent reference, and
-against hand-made /proc trees for the parsing corner cases."""
+"""``tui.sources.procfs`` (the /proc reader of --once and of the monitor's enricher) against psutil, the
+independent reference, and against hand-made /proc trees for the parsing corner cases."""
 
 from __future__ import annotations
 
@@ -86,6 +86,9 @@ def test_enrich_equals_the_monitors_enricher(odd_processes: list[int], exited_pi
     for a, b in zip(mine, reference, strict=True):
         assert (a.gpu_index, a.pid, a.type, a.alive) == (b.gpu_index, b.pid, b.type, b.alive)
         assert (a.name, a.user, a.command) == (b.name, b.user, b.command)
+        if a.alive:  # both read /proc through procfs now: psutil stays the independent reference
+            ps = psutil.Process(a.pid)
+            assert (a.name, a.user, a.command) == (ps.name(), ps.username(), " ".join(ps.cmdline()))
         # RSS as psutil and ps report it (statm/VmRSS); /proc/PID/stat's rss field reads a few % low.
         assert a.host_rss == (psutil.Process(a.pid).memory_info().rss if a.alive else None)
         assert a.cpu_percent is None and b.cpu_percent is None  # a first refresh has no interval

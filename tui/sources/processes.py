@@ -1,12 +1,13 @@
 """Enrich NVML's GPU processes with what the host knows: user, command line, CPU %, RSS, running time.
 
 A monitor refreshes every second or two, so the per-process cost matters (64 processes on an 8-GPU box).
-What never changes for a process (command line, user, name, start time) is read once per PID through
-psutil and cached; each refresh then reads only ``/proc/<pid>/stat`` (CPU times, start time, name) and
-``/proc/<pid>/statm`` (RSS) where Linux has them, instead of psutil's five or six reads per process.
+Where Linux's /proc is readable, everything comes from ``tui.sources.procfs`` (the parser ``--once`` uses
+too): what never changes for a process (command line, user, name) is read once per PID and cached; each
+refresh then reads only ``/proc/<pid>/stat`` (CPU times, start time, name) and ``/proc/<pid>/statm``
+(RSS), instead of psutil's five or six reads per process.
 The cached facts are read again when the PID was recycled (another start time), when the process exec'd
-(another name), and every ``STATIC_TTL_S`` (setproctitle, setuid). Elsewhere every figure comes from
-psutil each refresh.
+(another name), and every ``STATIC_TTL_S`` (setproctitle, setuid). Elsewhere, or where a process's stat
+is unreadable (hidepid), every figure comes from psutil each refresh.
 
 CPU % covers the interval since the previous refresh (the first sample is N/A, as with psutil). A process
 that exited between NVML's list and this lookup comes back ``alive=False`` with N/A fields; another user's
@@ -15,15 +16,16 @@ that exited between NVML's list and this lookup comes back ``alive=False`` with 
 
 from __future__ import annotations
 
-import os
 import time
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import TypeVar
 
 import psutil
 
+from tui.sources import procfs
 from tui.sources.model import GpuProcess
+from tui.sources.procfs import ProcStat
 
 T = TypeVar("T")
 STATIC_TTL_S = 60.0  # how long cached command line and user are trusted without another sign of change
@@ -43,66 +45,12 @@ def _field(read: Callable[[], T]) -> T | None:
         return None
 
 
-@dataclass(frozen=True)
-class ProcStat:
-    """The fields of one ``/proc/<pid>/stat`` read that a refresh needs."""
-
-    comm: str
-    state: str
-    cpu_ticks: int  # utime + stime, in clock ticks
-    start_ticks: int  # since boot, in clock ticks: with the PID, identifies the process
-    rss_pages: int  # approximate on recent kernels (per-CPU counters): see read_resident_pages
-
-
-def parse_proc_stat(data: bytes) -> ProcStat:
-    """Parse ``/proc/<pid>/stat`` (proc(5)). The name may hold spaces and parentheses, hence rfind."""
-    open_paren, close_paren = data.index(b"("), data.rindex(b")")
-    comm = data[open_paren + 1 : close_paren].decode("utf-8", "replace")
-    fields = data[close_paren + 2 :].split()  # fields[0] is field 3 (state) of proc(5)
-    return ProcStat(
-        comm=comm,
-        state=fields[0].decode("ascii", "replace"),
-        cpu_ticks=int(fields[11]) + int(fields[12]),  # utime (14), stime (15)
-        start_ticks=int(fields[19]),  # starttime (22)
-        rss_pages=int(fields[21]),  # rss (24)
-    )
-
-
-def _read_small(path: str) -> bytes | None:
-    """One small /proc file in one read (os-level: no file object, this runs per process per refresh);
-    None where the process is gone. PermissionError and other OSErrors propagate."""
-    try:
-        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
-    except (FileNotFoundError, ProcessLookupError):
-        return None
-    try:
-        return os.read(fd, 4096)  # stat: 52 numbers and a name of at most 64 bytes; statm: 7 numbers
-    except ProcessLookupError:  # exited between open and read
-        return None
-    finally:
-        os.close(fd)
-
-
-def read_proc_stat(pid: int) -> ProcStat | None:
-    """None where the process is gone; PermissionError and other OSErrors propagate."""
-    data = _read_small(f"/proc/{pid}/stat")
-    return None if data is None else parse_proc_stat(data)
-
-
-def read_resident_pages(pid: int) -> int | None:
-    """Resident pages from ``/proc/<pid>/statm``, as psutil's ``memory_info().rss``. The ``rss`` of
-    ``/proc/<pid>/stat`` is the kernel's per-CPU approximation on recent kernels (off by a few
-    hundred KiB on a small process), so it is not used."""
-    data = _read_small(f"/proc/{pid}/statm")
-    return None if data is None else int(data.split()[1])
-
-
 @dataclass
 class _Known:
     """What one PID's earlier refreshes learned."""
 
     stat: ProcStat
-    static: dict[str, object]  # name, user, command: read through psutil
+    static: dict[str, object]  # name, user, command
     static_at: float  # monotonic time the static facts were read
     sampled_at: float  # monotonic time of ``stat``
 
@@ -113,10 +61,8 @@ class ProcessEnricher:
     ) -> None:
         self._clock = clock
         self._monotonic = monotonic
-        self._fast = os.path.exists("/proc/self/stat")
-        self._clk_tck = os.sysconf("SC_CLK_TCK") if self._fast else 100
-        self._page_size = os.sysconf("SC_PAGE_SIZE") if self._fast else 4096
-        self._boot_time: float | None = None
+        # /proc readable: the fast path (the same parser as --once); elsewhere psutil does it all.
+        self._reader = procfs.ProcReader() if procfs.available() else None
         # Per PID: psutil.Process (fallback path, so cpu_percent has an interval) or _Known (fast path).
         self._cache: dict[int, psutil.Process | _Known] = {}
         # PIDs whose cpu_percent has been primed (psutil's first call has no interval: reported N/A).
@@ -129,24 +75,14 @@ class ProcessEnricher:
             if pid not in seen:
                 del self._cache[pid]
                 self._primed.discard(pid)
-        by_pid: dict[int, dict[str, object] | None] = {}
-        out = []
-        for proc in procs:
-            if proc.pid not in by_pid:  # a PID on several GPUs is looked up once per refresh
-                by_pid[proc.pid] = self._lookup(proc.pid)
-            facts = by_pid[proc.pid]
-            if facts is None:
-                out.append(replace(proc, alive=False))
-            else:
-                out.append(replace(proc, **facts))  # type: ignore[arg-type]
-        return tuple(out)
+        return procfs.apply(procs, self._lookup)
 
     def _lookup(self, pid: int) -> dict[str, object] | None:
         if pid <= 0:
             return None
-        if self._fast:
+        if self._reader is not None:
             try:
-                return self._lookup_proc(pid)
+                return self._lookup_proc(pid, self._reader)
             except _Gone:
                 self._forget(pid)
                 return None
@@ -161,14 +97,9 @@ class ProcessEnricher:
 
     # -- fast path: one /proc read per refresh ------------------------------------------------------
 
-    def _boot(self) -> float:
-        if self._boot_time is None:
-            self._boot_time = psutil.boot_time()
-        return self._boot_time
-
-    def _lookup_proc(self, pid: int) -> dict[str, object]:
-        stat = read_proc_stat(pid)
-        if stat is None or stat.state in ("Z", "X"):  # a zombie has exited: only its parent holds it
+    def _lookup_proc(self, pid: int, reader: procfs.ProcReader) -> dict[str, object]:
+        stat = reader.stat(pid)
+        if stat is None or procfs.is_gone(stat):
             raise _Gone
         now = self._monotonic()
         known = self._cache.get(pid)
@@ -176,38 +107,25 @@ class ProcessEnricher:
             known = None  # new to us, or a recycled PID
         cpu: float | None = None
         if known is not None and now > known.sampled_at:
-            cpu = round(
-                (stat.cpu_ticks - known.stat.cpu_ticks) / self._clk_tck / (now - known.sampled_at) * 100, 1
-            )
+            elapsed = now - known.sampled_at
+            cpu = round((stat.cpu_ticks - known.stat.cpu_ticks) / reader.clock_ticks / elapsed * 100, 1)
             cpu = max(0.0, cpu)
         if known is None or known.stat.comm != stat.comm or now - known.static_at >= STATIC_TTL_S:
-            static = self._read_static(pid)
+            static = reader.static(pid, stat.comm)
             static_at = now
         else:
             static, static_at = known.static, known.static_at
         self._cache[pid] = _Known(stat=stat, static=static, static_at=static_at, sampled_at=now)
-        created = self._boot() + stat.start_ticks / self._clk_tck
-        resident = read_resident_pages(pid)
+        resident = reader.resident_bytes(pid)
         if resident is None:
             raise _Gone
         return {
             **static,
             "cpu_percent": cpu,
-            "host_rss": resident * self._page_size,
-            "running_time_s": max(0.0, self._clock() - created),
+            "host_rss": resident,
+            "running_time_s": max(0.0, self._clock() - reader.created(stat)),
             "alive": True,
         }
-
-    def _read_static(self, pid: int) -> dict[str, object]:
-        try:
-            proc = psutil.Process(pid)
-        except (psutil.NoSuchProcess, psutil.ZombieProcess):
-            raise _Gone from None
-        with proc.oneshot():
-            name = _field(proc.name)
-            user = _field(proc.username)
-            cmdline = _field(proc.cmdline)
-        return {"name": name, "user": user, "command": " ".join(cmdline) if cmdline else None}
 
     # -- psutil path: every figure each refresh (no /proc, or /proc unreadable) ---------------------
 

@@ -1,18 +1,18 @@
-"""One-shot host facts read straight from Linux's /proc, for ``anatomy-top --once``.
+"""Process and host facts read straight from Linux's /proc: the one parser both paths share.
 
-The live monitor enriches processes through psutil (``tui.sources.processes``/``host``), which keeps
-per-PID objects between refreshes for CPU %. A one-shot report has no previous refresh, so it needs
-none of that, and importing psutil alone costs more than reading every GPU process's four small
-/proc files. The values are psutil's, computed the way psutil computes them on Linux (tests compare
-the two); anywhere else ``available()`` is False and the caller uses the psutil path.
+``anatomy-top --once`` uses ``enrich`` and ``host`` (importing psutil alone costs more than reading every
+GPU process's few small /proc files); the live monitor's ``ProcessEnricher`` uses ``ProcReader`` for its
+per-refresh stat/statm reads and its per-PID static facts. The values are psutil's, computed the way
+psutil computes them on Linux (tests compare the two); anywhere else ``available()`` is False and the
+callers use psutil. No psutil import here.
 """
 
 from __future__ import annotations
 
 import os
 import sys
-from collections.abc import Iterable
-from dataclasses import replace
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, replace
 
 from tui.sources.model import GpuProcess, HostInfo
 
@@ -23,18 +23,21 @@ def available(proc: str = PROC) -> bool:
     return sys.platform.startswith("linux") and os.path.isdir(os.path.join(proc, "self"))
 
 
-def _read(path: str) -> bytes:
-    # os-level calls: no file object per read (three reads per GPU process add up). /proc files
-    # report size 0, so read until EOF.
-    fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+def read_file(path: str) -> bytes | None:
+    """A whole /proc file, or None where the process is gone; PermissionError and other OSErrors
+    propagate. os-level calls: no file object (this runs per process per refresh). /proc files report
+    size 0, so read until EOF."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+    except (FileNotFoundError, ProcessLookupError, NotADirectoryError):
+        return None
     try:
         chunks = []
-        while True:
-            chunk = os.read(fd, 65536)
-            if not chunk:
-                break
+        while chunk := os.read(fd, 65536):
             chunks.append(chunk)
         return b"".join(chunks)
+    except ProcessLookupError:  # exited between open and read
+        return None
     finally:
         os.close(fd)
 
@@ -43,14 +46,76 @@ def _text(data: bytes) -> str:
     return data.decode("utf-8", errors="replace")
 
 
-class _Gone(Exception):
-    """The process exited, is a zombie, or is not in this PID namespace."""
+@dataclass(frozen=True)
+class ProcStat:
+    """The fields of one ``/proc/<pid>/stat`` read that a refresh needs."""
+
+    comm: str
+    state: str
+    cpu_ticks: int  # utime + stime, in clock ticks
+    start_ticks: int  # since boot, in clock ticks: with the PID, identifies the process
+    rss_pages: int  # approximate on recent kernels (per-CPU counters): see read_resident_pages
+
+
+def parse_proc_stat(data: bytes) -> ProcStat:
+    """Parse ``/proc/<pid>/stat`` (proc(5)). The name may hold spaces and ") ", hence rindex.
+    ValueError/IndexError on a malformed line."""
+    open_paren, close_paren = data.index(b"("), data.rindex(b")")
+    fields = data[close_paren + 2 :].split()  # fields[0] is field 3 (state) of proc(5)
+    return ProcStat(
+        comm=_text(data[open_paren + 1 : close_paren]),
+        state=fields[0].decode("ascii", "replace"),
+        cpu_ticks=int(fields[11]) + int(fields[12]),  # utime (14), stime (15)
+        start_ticks=int(fields[19]),  # starttime (22)
+        rss_pages=int(fields[21]),  # rss (24)
+    )
+
+
+def read_proc_stat(pid: int, proc: str = PROC) -> ProcStat | None:
+    """None where the process is gone; PermissionError and other OSErrors propagate."""
+    data = read_file(f"{proc}/{pid}/stat")
+    return None if data is None else parse_proc_stat(data)
+
+
+def read_resident_pages(pid: int, proc: str = PROC) -> int | None:
+    """Resident pages from ``/proc/<pid>/statm``, as psutil's ``memory_info().rss``. The ``rss`` of
+    ``/proc/<pid>/stat`` is the kernel's per-CPU approximation on recent kernels (off by a few
+    hundred KiB on a small process), so it is not used."""
+    data = read_file(f"{proc}/{pid}/statm")
+    return None if data is None else int(data.split()[1])
+
+
+def parse_cmdline(data: bytes) -> list[str]:
+    """psutil's rules: NUL-separated, unless a process rewrote its argv with spaces."""
+    text = _text(data)
+    if not text:
+        return []
+    sep = "\x00" if text.endswith("\x00") else " "
+    if text.endswith(sep):
+        text = text[:-1]
+    parts = text.split(sep)
+    if sep == "\x00" and len(parts) == 1 and " " in text:
+        parts = text.split(" ")
+    return parts
+
+
+def full_name(comm: str, cmdline: list[str] | None) -> str:
+    """comm is cut at 15 characters; psutil takes the full name from argv[0] when it matches."""
+    if len(comm) >= 15 and cmdline:
+        full = os.path.basename(cmdline[0])
+        if full.startswith(comm):
+            return full
+    return comm
+
+
+def is_gone(stat: ProcStat | None) -> bool:
+    """No such process, or a zombie (it has exited: only its parent holds it)."""
+    return stat is None or stat.state in ("Z", "X")
 
 
 class ProcReader:
-    """Reads what ``ProcessEnricher`` reports for a PID, with no psutil and no state across calls.
-
-    CPU % is None (N/A), as in the enricher's first refresh: it needs two samples.
+    """Reads a PID's facts from /proc with no psutil. Caches only what never changes (boot time,
+    uid → user name); ``facts`` keeps no state between calls (CPU % is None: it needs two samples).
     """
 
     def __init__(self, proc: str = PROC, now: float | None = None) -> None:
@@ -58,20 +123,25 @@ class ProcReader:
 
         self.proc = proc
         self.now = time.time() if now is None else now
-        self._ticks = os.sysconf("SC_CLK_TCK")
-        self._page = os.sysconf("SC_PAGE_SIZE")
+        self.clock_ticks = os.sysconf("SC_CLK_TCK")
+        self.page_size = os.sysconf("SC_PAGE_SIZE")
         self._boot: float | None = None
         self._users: dict[int, str] = {}
 
     def boot_time(self) -> float:
+        """btime of /proc/stat, as psutil.boot_time() on Linux."""
         if self._boot is None:
-            for line in _read(os.path.join(self.proc, "stat")).splitlines():
+            for line in (read_file(os.path.join(self.proc, "stat")) or b"").splitlines():
                 if line.startswith(b"btime"):
                     self._boot = float(line.split()[1])
                     break
             else:
                 raise OSError("no btime in /proc/stat")
         return self._boot
+
+    def created(self, stat: ProcStat) -> float:
+        """The process's start, in seconds since the epoch."""
+        return self.boot_time() + stat.start_ticks / self.clock_ticks
 
     def user(self, uid: int) -> str:
         name = self._users.get(uid)
@@ -85,85 +155,28 @@ class ProcReader:
             self._users[uid] = name
         return name
 
-    def facts(self, pid: int) -> dict[str, object] | None:
-        """The enrichment fields for ``pid``, or None when it is gone."""
-        if pid <= 0:
-            return None
-        base = os.path.join(self.proc, str(pid))
-        try:
-            stat = _read(base + "/stat")
-        except (FileNotFoundError, ProcessLookupError, NotADirectoryError):
-            return None
-        except OSError:
-            stat = b""
-        try:
-            comm, rest = self._parse_stat(stat)
-        except _Gone:
-            return None
-        except (ValueError, IndexError):
-            comm, rest = None, []
-        cmdline = self._cmdline(base)
-        name = comm
-        if name is not None and len(name) >= 15 and cmdline:
-            # comm is cut at 15 characters; psutil takes the full name from argv[0] when it matches.
-            full = os.path.basename(cmdline[0])
-            if full.startswith(name):
-                name = full
-        created = None
-        if len(rest) > 19:
-            try:
-                created = self.boot_time() + int(rest[19]) / self._ticks
-            except (OSError, ValueError):
-                created = None
-        return {
-            "name": name,
-            "user": self._user_of(base),
-            "command": " ".join(cmdline) if cmdline else None,
-            "cpu_percent": None,
-            "host_rss": self._rss(base),
-            "running_time_s": None if created is None else max(0.0, self.now - created),
-            "alive": True,
-        }
+    def stat(self, pid: int) -> ProcStat | None:
+        return read_proc_stat(pid, self.proc)
 
-    @staticmethod
-    def _parse_stat(stat: bytes) -> tuple[str | None, list[bytes]]:
-        if not stat:
-            return None, []
-        # The name sits in parentheses and may itself contain ") ": split at the last one.
-        left, right = stat.find(b"("), stat.rfind(b")")
-        rest = stat[right + 2 :].split()
-        if rest and rest[0] == b"Z":
-            raise _Gone
-        return _text(stat[left + 1 : right]), rest
+    def resident_bytes(self, pid: int) -> int | None:
+        pages = read_resident_pages(pid, self.proc)
+        return None if pages is None else pages * self.page_size
 
-    @staticmethod
-    def _cmdline(base: str) -> list[str] | None:
+    def cmdline(self, pid: int) -> list[str] | None:
+        """None where unreadable."""
         try:
-            data = _text(_read(base + "/cmdline"))
+            data = read_file(f"{self.proc}/{pid}/cmdline")
         except OSError:
             return None
-        if not data:
-            return []
-        # psutil's rules: NUL-separated, unless a process rewrote its argv with spaces.
-        sep = "\x00" if data.endswith("\x00") else " "
-        if data.endswith(sep):
-            data = data[:-1]
-        parts = data.split(sep)
-        if sep == "\x00" and len(parts) == 1 and " " in data:
-            parts = data.split(" ")
-        return parts
+        return None if data is None else parse_cmdline(data)
 
-    def _rss(self, base: str) -> int | None:
-        # statm, as psutil: stat's rss field is a different, approximate, counter on recent kernels.
+    def user_of(self, pid: int) -> str | None:
+        """The owner of the real uid (as psutil's username()); None where unreadable."""
         try:
-            return int(_read(base + "/statm").split()[1]) * self._page
-        except (OSError, ValueError, IndexError):
-            return None
-
-    def _user_of(self, base: str) -> str | None:
-        try:
-            status = _read(base + "/status")
+            status = read_file(f"{self.proc}/{pid}/status")
         except OSError:
+            return None
+        if status is None:
             return None
         start = status.find(b"\nUid:") + 1  # 0 when not found after a newline
         if start == 0 and not status.startswith(b"Uid:"):
@@ -174,26 +187,73 @@ class ProcReader:
             return None
         return self.user(real_uid)
 
+    def static(self, pid: int, comm: str | None) -> dict[str, object]:
+        """What does not change while a process runs (unless it execs or renames itself)."""
+        cmdline = self.cmdline(pid)
+        return {
+            "name": None if comm is None else full_name(comm, cmdline),
+            "user": self.user_of(pid),
+            "command": " ".join(cmdline) if cmdline else None,
+        }
 
-def enrich(processes: Iterable[GpuProcess], reader: ProcReader | None = None) -> tuple[GpuProcess, ...]:
-    """``ProcessEnricher.enrich`` for one refresh: each PID is looked up once; gone → ``alive=False``."""
-    reader = reader or ProcReader()
+    def facts(self, pid: int) -> dict[str, object] | None:
+        """The enrichment fields for ``pid`` (CPU % None), or None when it is gone."""
+        if pid <= 0:
+            return None
+        stat: ProcStat | None
+        try:
+            stat = self.stat(pid)
+        except (OSError, ValueError, IndexError):  # unreadable or odd: the rest may still be readable
+            stat = None
+        else:
+            if is_gone(stat):
+                return None
+        created = None
+        if stat is not None:
+            try:
+                created = self.created(stat)
+            except (OSError, ValueError):
+                created = None
+        try:
+            rss = self.resident_bytes(pid)
+        except (OSError, ValueError, IndexError):
+            rss = None
+        return {
+            **self.static(pid, None if stat is None else stat.comm),
+            "cpu_percent": None,
+            "host_rss": rss,
+            "running_time_s": None if created is None else max(0.0, self.now - created),
+            "alive": True,
+        }
+
+
+def apply(
+    processes: Iterable[GpuProcess], lookup: Callable[[int], dict[str, object] | None]
+) -> tuple[GpuProcess, ...]:
+    """NVML's processes with ``lookup(pid)``'s fields: each PID (one per GPU it uses) is looked up once;
+    None → ``alive=False``; a lookup that raises leaves the row as NVML gave it (N/A, never a crash)."""
     by_pid: dict[int, dict[str, object] | None] = {}
     out = []
     for proc in processes:
         if proc.pid not in by_pid:
             try:
-                by_pid[proc.pid] = reader.facts(proc.pid)
-            except Exception:  # an unreadable process is N/A, never a crash
+                by_pid[proc.pid] = lookup(proc.pid)
+            except Exception:
                 by_pid[proc.pid] = {"alive": True}
         facts = by_pid[proc.pid]
         out.append(replace(proc, alive=False) if facts is None else replace(proc, **facts))  # type: ignore[arg-type]
     return tuple(out)
 
 
+def enrich(processes: Iterable[GpuProcess], reader: ProcReader | None = None) -> tuple[GpuProcess, ...]:
+    """``ProcessEnricher.enrich`` for a first (and only) refresh."""
+    reader = reader or ProcReader()
+    return apply(processes, reader.facts)
+
+
 def _meminfo(proc: str) -> dict[bytes, int]:
     out: dict[bytes, int] = {}
-    for line in _read(os.path.join(proc, "meminfo")).splitlines():
+    for line in (read_file(os.path.join(proc, "meminfo")) or b"").splitlines():
         key, _, value = line.partition(b":")
         fields = value.split()
         if fields:
@@ -232,4 +292,15 @@ def host(proc: str = PROC) -> HostInfo:
     )
 
 
-__all__ = ["ProcReader", "available", "enrich", "host"]
+__all__ = [
+    "ProcReader",
+    "ProcStat",
+    "apply",
+    "available",
+    "enrich",
+    "host",
+    "parse_cmdline",
+    "parse_proc_stat",
+    "read_proc_stat",
+    "read_resident_pages",
+]

@@ -23,7 +23,8 @@ COMPONENT_STYLES: dict[Component, str] = {
     Component.GRADIENTS: "yellow",
     Component.ACTIVATIONS: "green",
     Component.TEMPORARIES: "cyan",
-    Component.UNATTRIBUTED: "red",
+    # Grey, not red: unattributed memory is not an alarm, and red means "full" in the GPU bars.
+    Component.UNATTRIBUTED: "grey58",
 }
 
 
