@@ -504,6 +504,16 @@ def _cuda_dropout(input: torch.Tensor, p: float = 0.5, training: bool = True, in
     return torch.native_dropout(input, p, True)[0]
 
 
+def _expand_kv_heads(
+    query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, enable_gqa: bool
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Grouped-query attention: repeat the key/value heads up to the query heads, as the kernels do."""
+    if enable_gqa and key.shape[-3] != query.shape[-3]:
+        reps = query.shape[-3] // key.shape[-3]
+        return key.repeat_interleave(reps, dim=-3), value.repeat_interleave(reps, dim=-3)
+    return key, value
+
+
 def _cuda_sdpa(
     query: torch.Tensor,
     key: torch.Tensor,
@@ -514,10 +524,7 @@ def _cuda_sdpa(
     scale: float | None = None,
     enable_gqa: bool = False,
 ) -> torch.Tensor:
-    if enable_gqa and key.shape[-3] != query.shape[-3]:
-        reps = query.shape[-3] // key.shape[-3]
-        key = key.repeat_interleave(reps, dim=-3)
-        value = value.repeat_interleave(reps, dim=-3)
+    key, value = _expand_kv_heads(query, key, value, enable_gqa)
     bias = None
     if attn_mask is not None:
         if attn_mask.dtype == torch.bool:
@@ -542,10 +549,7 @@ def _cuda_sdpa_math(
     enable_gqa: bool = False,
 ) -> torch.Tensor:
     """Unfused attention as CUDA runs it: the probabilities are saved, their dropout keeps a 1-byte mask."""
-    if enable_gqa and key.shape[-3] != query.shape[-3]:
-        reps = query.shape[-3] // key.shape[-3]
-        key = key.repeat_interleave(reps, dim=-3)
-        value = value.repeat_interleave(reps, dim=-3)
+    key, value = _expand_kv_heads(query, key, value, enable_gqa)
     scale = scale if scale is not None else 1.0 / math.sqrt(query.shape[-1])
     scores = torch.matmul(query, key.transpose(-2, -1)) * scale
     if is_causal:
