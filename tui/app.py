@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import os
 import signal
 import sys
 import threading
@@ -116,6 +117,10 @@ class HostFigures:
         return {p.pid: p for p in self._enricher.enrich(bare)}
 
 
+# How often the monitor checks that its terminal still has an owner (see _exit_if_orphaned).
+ORPHAN_CHECK_S = 2.0
+
+
 class AnatomyTopApp(App[int]):
     TITLE = "anatomy-top"
     CSS_PATH = "app.tcss"
@@ -169,6 +174,7 @@ class AnatomyTopApp(App[int]):
         self._prefetched: Future[Polled] | None = None
         self._timer: Timer | None = None
         self._signals_installed = False
+        self._parent_pid = os.getppid()
         self._anatomy_shown: tuple[object, ...] | None = None  # what the anatomy pane last drew
 
     # -- layout ----------------------------------------------------------------------------------
@@ -196,6 +202,8 @@ class AnatomyTopApp(App[int]):
         self._render_status()
         if self._handle_signals:
             self._install_signals()
+            self._parent_pid = os.getppid()
+            self.set_interval(ORPHAN_CHECK_S, self._exit_if_orphaned, name="orphan-check")
         self._schedule(0.0)
 
     def on_unmount(self) -> None:
@@ -216,6 +224,13 @@ class AnatomyTopApp(App[int]):
         except (NotImplementedError, RuntimeError, ValueError, AttributeError):
             return
         self._signals_installed = True
+
+    def _exit_if_orphaned(self) -> None:
+        # SIGHUP can be lost (a pty torn down while Textual starts up, under load): such monitors were
+        # seen lingering with a deleted tty. The terminal's owner going away re-parents us, so a changed
+        # parent PID means nobody is looking at this screen any more.
+        if os.getppid() != self._parent_pid:
+            self.exit()
 
     # -- polling -------------------------------------------------------------------------------
 

@@ -367,6 +367,26 @@ async def test_sighup_exits_cleanly(make_app: MakeApp) -> None:
     assert app.return_code in (None, 0)
 
 
+async def test_exits_when_its_terminal_loses_its_owner(
+    make_app: MakeApp, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # A lost SIGHUP must not leave a monitor running on a dead tty: being re-parented ends it too.
+    monkeypatch.setattr("tui.app.ORPHAN_CHECK_S", 0.05)
+    app = make_app(handle_signals=True)
+    async with app.run_test(size=(120, 40)):
+        await app.wait_for_poll()
+        await asyncio.sleep(0.2)
+        assert app.is_running  # same parent: keeps running
+        real_parent = os.getppid()
+        monkeypatch.setattr("tui.app.os.getppid", lambda: real_parent + 1)
+        for _ in range(100):
+            await asyncio.sleep(0.01)
+            if not app.is_running:
+                break
+        assert not app.is_running
+    assert app.return_code in (None, 0)
+
+
 async def test_no_gpu_shows_banner_and_publishers_with_host_figures(
     make_app: MakeApp, read_screen: ReadScreen
 ) -> None:
