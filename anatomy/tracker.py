@@ -6,9 +6,12 @@ boundaries come from ``tracker.step()`` / ``begin_step``/``end_step`` (or the Tr
 loop that uses neither still gets steps: a training-mode forward begins one and the optimizer step
 ends it.
 
-Every step measures cheaply (saved-tensor counting in the forward, a heap or allocator reading at
-each phase boundary, a clock mark); weights, gradients and optimizer states are re-summed on the
-first steps and then once every ``sample_every`` steps, when the op-group profiler also runs.
+Every step measures cheaply (saved-tensor counting in the forward, an allocator reading at each
+phase boundary, a clock mark); weights, gradients and optimizer states are re-summed on the first
+steps and then once every ``sample_every`` steps, when the op-group profiler also runs. On CPU the
+heap is read at the phase boundaries (glibc's ``mallinfo2`` walks the arenas: ~0.1 ms a read) on the
+first steps, on sampled steps, after an input shape change and about once per publish interval; a
+step in between reports the last read step's peak, temporaries and split (``at_peak_step`` names it).
 
 What a snapshot's numbers mean. ``memory`` holds each component at its own maximum in the step:
 weights (parameters + buffers, plus autocast's low-precision weight copies), optimizer states and
@@ -88,6 +91,7 @@ HISTORY_LENGTH = 120
 SAMPLE_EVERY = 100  # the op-group profiler runs on one step in this many (after the second step)
 TRACE_EVERY = 5  # the per-op memory trace runs on one sampled step in this many
 WARMUP_REFRESH_STEPS = 3  # weights/gradients/optimizer states re-summed on every one of the first steps
+_NO_MEMORY: dict[str, int | None] = {c.value: None for c in Component}  # copied per snapshot
 _MAX_TEXT = 4000  # protocol strings are capped at 4096
 
 
@@ -133,6 +137,8 @@ class _Step:
         self.grads: int | None = None
         self.opt_after: int | None = None
         self.heap0: int | None = None
+        self.heap_on = True  # read the heap at this step's boundaries (CPU); else the last readings stand
+        self.heap_from: int | None = None  # the step whose heap readings this one reports
         # (phase, heap in use, bytes of named tensors grown since the step began, held at that moment)
         self.heap_samples: list[tuple[Phase, int, int, Held]] = []
         self.cuda_m0: int | None = None
@@ -268,6 +274,8 @@ class Tracker:
         self._copies_known = 0
         self._acts_shape: tuple[int, ...] | None = None
         self._acts_index = -1
+        # (step, heap at its start, its boundary readings) of the last step that read the heap
+        self._heap_last: tuple[int, int, list[tuple[Phase, int, int, Held]]] | None = None
         self._retrace = False
         self._traced: _Traced | None = None
         self._balance_logged = False
@@ -421,6 +429,7 @@ class Tracker:
             if self._refresh_due(index):
                 self._refresh_weights()
                 rec.grads_begin = gradient_bytes(self._params)
+            rec.heap_on = self._heap_due(index)
             self._sample_memory(rec, None, 0, (0, 0, rec.grads_begin, rec.opt_begin), begin=True)
             if self._ok("timing"):
                 rec.clock.mark(BEGIN)
@@ -434,6 +443,24 @@ class Tracker:
 
     def _refresh_due(self, index: int) -> bool:
         return index < WARMUP_REFRESH_STEPS or (self.sample_every > 0 and index % self.sample_every == 0)
+
+    def _every_interval(self) -> int:
+        """Steps in one publish interval, counted in the run's median step duration (so time spent
+        outside steps, e.g. evaluation, does not make the per-interval work more frequent)."""
+        step_s = statistics.median(self._recent_step_s) if self._recent_step_s else 0.0
+        return max(1, int(self.interval_s / step_s)) if step_s > 0 else 1
+
+    def _heap_due(self, index: int) -> bool:
+        """Read the heap at this step's boundaries (CPU)? Three reads cost ~0.35 ms a step on a real
+        training heap, and in steady state each step's readings repeat the last ones; so on the first
+        steps, sampled steps, after a shape change (also caught at the forward) and about once per
+        publish interval."""
+        last = self._heap_last
+        if last is None or index < WARMUP_REFRESH_STEPS:
+            return True
+        if self._sample_due(index) or self._refresh_due(index):
+            return True
+        return index - last[0] >= self._every_interval()
 
     def _sample_due(self, index: int) -> bool:
         # Never the first (warm-up) step; then the second one, so short runs see op groups too.
@@ -542,6 +569,7 @@ class Tracker:
         if not rec.optimizer_ran:  # otherwise the optimizer's samples already cover the step's end
             explained = self._explained_after_optimizer(rec)
             self._sample_memory(rec, Phase.OTHER, explained, self._held_after(rec))
+        self._heap_readings(rec)
         due = exc is not None or self._steps_done == 0
         due = due or time.monotonic() - self._last_built >= self.interval_s
         if self._cuda:
@@ -598,6 +626,11 @@ class Tracker:
                 self._autocast_dtype = ac
             if self._ok("activations"):
                 count = self._count_due(rec, shape) or rec.heap_mode is not None
+            if not rec.heap_on and rec.micro == 1 and (count or shape != self._acts_shape):
+                # A new shape (or a count due): read this step's heap after all, from here (nothing
+                # of the step has been allocated yet).
+                rec.heap_on = True
+                self._sample_memory(rec, None, 0, (0, 0, rec.grads_begin, rec.opt_begin), begin=True)
             self._boundary(rec, Phase.FORWARD)
             if self._ok("timing"):
                 rec.clock.mark(FORWARD_PRE)
@@ -621,9 +654,7 @@ class Tracker:
         if rec.counting or first_steps or shape != self._acts_shape:
             rec.counting = True
         else:
-            step_s = statistics.median(self._recent_step_s) if self._recent_step_s else 0.0
-            every = max(1, int(self.interval_s / step_s)) if step_s > 0 else 1
-            rec.counting = rec.index - self._acts_index >= every
+            rec.counting = rec.index - self._acts_index >= self._every_interval()
         if rec.counting:
             if shape != self._acts_shape and not first_steps:
                 self._retrace = True
@@ -727,6 +758,18 @@ class Tracker:
 
     # -- measurements -----------------------------------------------------------------------------
 
+    def _heap_readings(self, rec: _Step) -> None:
+        """Keep a read step's heap readings; give a step that did not read the last ones."""
+        if self._cuda:
+            return
+        if rec.heap_on:
+            if rec.heap0 is not None and rec.heap_samples:
+                self._heap_last = (rec.index, rec.heap0, rec.heap_samples)
+            return
+        last = self._heap_last
+        if last is not None:
+            rec.heap_from, rec.heap0, rec.heap_samples = last
+
     @staticmethod
     def _explained_after_optimizer(rec: _Step) -> int:
         grads = max((rec.grads or 0) - rec.grads_begin, 0)
@@ -743,7 +786,7 @@ class Tracker:
         self, rec: _Step, phase: Phase | None, explained: int, held: Held, begin: bool = False
     ) -> None:
         heap = self._heap
-        if heap is None or not self._ok("heap"):
+        if heap is None or not rec.heap_on or not self._ok("heap"):
             return
         try:
             now = heap.in_use()
@@ -813,7 +856,7 @@ class Tracker:
     def _memory_result(self, rec: _Step) -> dict[str, Any]:
         """Component bytes of the finished step, its peak and where the peak was."""
         parts = self._parts(rec)
-        memory: dict[str, int | None] = {c.value: None for c in Component}
+        memory: dict[str, int | None] = dict(_NO_MEMORY)
         memory[Component.WEIGHTS.value] = self._weights + parts["copies"]
         if not self._ok("optimizer_states"):
             memory[Component.OPTIMIZER_STATES.value] = None
@@ -859,7 +902,8 @@ class Tracker:
             # the traced peak (the shapes changed: a new trace is due). The peak itself is the highest
             # reading either way; what the split does not name goes to temporaries.
             ph0, top, _, held0 = max(rec.heap_samples, key=lambda sample: sample[1])
-            peak, phase, held, at_peak_step = top, ph0, held0, rec.index
+            read_at = rec.heap_from if rec.heap_from is not None else rec.index
+            peak, phase, held, at_peak_step = top, ph0, held0, read_at
             traced = self._traced
             if traced is not None:
                 temporaries = max(temporaries, traced.temporaries)
@@ -1155,7 +1199,7 @@ class Tracker:
             cached = self._expected = ((precision, kind), table)
         expected = dict(cached[1])
         if result is None:
-            memory: dict[str, int | None] = {c.value: None for c in Component}
+            memory: dict[str, int | None] = dict(_NO_MEMORY)
             memory[Component.WEIGHTS.value] = self._weights if self.enabled else None
             result = {
                 "step": self._steps_done,
@@ -1206,7 +1250,8 @@ class Tracker:
 
     def _in_use_now(self, rec: _Step | None) -> int | None:
         """Memory in use at the step's end: its last reading, so no extra read (mallinfo2 walks the
-        heap's arenas: ~0.1 ms on a fragmented heap)."""
+        heap's arenas: ~0.1 ms on a fragmented heap); on CPU, a step that did not read the heap
+        reports the last reading of the last step that read it."""
         if rec is None or not self.enabled:
             return None
         if self._cuda:

@@ -438,3 +438,55 @@ def test_advisor_runs_once_per_interval_while_every_step_is_built(
         assert steps == [0, 1, 2, 3]  # every step built
         assert calls == [0]  # the advisor once in the interval; its suggestions stand
         assert all(len(s.suggestions) == 1 for s in tracker.history)
+
+
+class _CountingHeap:
+    """Wraps the tracker's HostHeap: every reading, with the step it was taken in."""
+
+    def __init__(self, tracker: anatomy.Tracker) -> None:
+        self.heap = tracker._heap
+        self.tracker = tracker
+        self.reads: list[tuple[int, int]] = []
+
+    @property
+    def available(self) -> bool:
+        return self.heap is not None and self.heap.available
+
+    def in_use(self) -> int | None:
+        assert self.heap is not None
+        now = self.heap.in_use()
+        rec = self.tracker._step
+        if now is not None and rec is not None:
+            self.reads.append((rec.index, now))
+        return now
+
+
+def test_heap_is_read_on_first_steps_and_shape_changes_not_every_step(hk: SimpleNamespace) -> None:
+    """On CPU the heap (mallinfo2, ~0.1 ms a read) is read at the boundaries of the first steps and
+    after a shape change; a step in between reports the last read step's figures and says so."""
+    model = _bert(hk)
+    opt = torch.optim.AdamW(model.parameters())
+    tracker = anatomy.track(model, opt, publish=False, sample_every=0, interval_s=3600.0)
+    counting = _CountingHeap(tracker)
+    tracker._heap = counting  # type: ignore[assignment]
+    hk.train_steps(model, opt, 8, tracker, batch=_batch(hk))
+    history = list(tracker.history)
+    read_steps = sorted({step for step, _ in counting.reads})
+    assert read_steps == [0, 1, 2]  # the warm-up steps only: steps 3..7 read nothing
+    step2 = history[2]
+    readings2 = [now for step, now in counting.reads if step == 2]
+    assert len(readings2) >= 3 and step2.peak_bytes == max(readings2)
+    last = history[-1]
+    assert last.step == 7 and last.memory_source == "glibc"
+    assert last.at_peak_step == 2 and last.peak_bytes == step2.peak_bytes
+    assert last.memory[Component.TEMPORARIES.value] == step2.memory[Component.TEMPORARIES.value]
+    assert last.memory_in_use == readings2[-1]
+    assert last.at_peak is not None and sum(v or 0 for v in last.at_peak.values()) == last.peak_bytes
+    # A new input shape: that step reads the heap again and reports its own peak.
+    hk.train_steps(model, opt, 1, tracker, batch=_batch(hk, batch=16))
+    tracker.close()
+    readings8 = [now for step, now in counting.reads if step == 8]
+    snap = tracker.latest
+    assert len(readings8) >= 3
+    assert snap is not None and snap.step == 8 and snap.at_peak_step == 8
+    assert snap.peak_bytes == max(readings8)
