@@ -21,6 +21,7 @@ from collections.abc import Mapping, Sequence
 
 from anatomy import gpus, techniques
 from anatomy.protocol import Hello, Snapshot, Suggestion
+from anatomy.units import fmt_bytes
 from anatomy.vocabulary import Component, OptimizerKind, Phase, Precision, Source
 
 MIB = 1 << 20
@@ -47,15 +48,6 @@ _RANK = {
     "vocab_multiple": 4,
     "batch_multiple": 4,
 }
-
-
-def fmt_bytes(n: float) -> str:
-    n = float(n)
-    if abs(n) >= GIB:
-        return f"{n / GIB:.2f} GiB"
-    if abs(n) >= MIB:
-        return f"{n / MIB:.1f} MiB"
-    return f"{n / 1024:.1f} KiB"
 
 
 def _mem(snapshot: Snapshot, component: Component) -> int | None:

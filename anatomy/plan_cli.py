@@ -11,6 +11,7 @@ import json
 import sys
 from typing import Any, TextIO
 
+from anatomy.units import fmt_bytes
 from anatomy.vocabulary import Component, Precision
 
 PROG = "anatomy-top plan"
@@ -99,16 +100,6 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--quick", action="store_true", help="skip the technique table and the batch-size search")
     p.add_argument("--json", action="store_true", help="one JSON object on stdout")
     return p
-
-
-def fmt_bytes(n: int | float | None) -> str:
-    if n is None:
-        return "N/A"
-    n = float(n)
-    for unit, scale in (("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
-        if abs(n) >= scale:
-            return f"{n / scale:.2f} {unit}"
-    return f"{int(n)} B"
 
 
 def _settings(args: argparse.Namespace) -> Any:

@@ -9,32 +9,18 @@ from __future__ import annotations
 
 import math
 
+from anatomy.units import BINARY_UNITS, fmt_bytes
+
 NA = "N/A"
+# fmt_bytes lives in anatomy.units (one formatter for the hook, plan and the monitor); re-exported here.
 UNMEASURED = "unmeasured"
 
-_BINARY_UNITS = ("KiB", "MiB", "GiB", "TiB", "PiB")
 _SI_SUFFIXES = ((1e12, "T"), (1e9, "G"), (1e6, "M"), (1e3, "k"))
 _COUNT_SUFFIXES = ((1e12, "T"), (1e9, "B"), (1e6, "M"), (1e3, "k"))
 
 
 def _finite(value: float | None) -> bool:
     return value is not None and math.isfinite(value)
-
-
-def fmt_bytes(n: float | None, na: str = NA) -> str:
-    """Binary units: ``512 B``, ``42.6 MiB``, ``1.25 GiB`` (GiB and above with two decimals)."""
-    if n is None or not _finite(float(n)):
-        return na
-    sign = "-" if n < 0 else ""
-    value = abs(float(n))
-    if value < 1024:
-        return f"{sign}{int(value)} B"
-    for i, unit in enumerate(_BINARY_UNITS):
-        value /= 1024.0
-        if value < 1024 or i == len(_BINARY_UNITS) - 1:
-            decimals = 1 if unit in ("KiB", "MiB") else 2
-            return f"{sign}{value:.{decimals}f} {unit}"
-    raise AssertionError("unreachable")  # pragma: no cover
 
 
 def fmt_mib(n: float | None, na: str = NA) -> str:
@@ -50,13 +36,13 @@ def fmt_bytes_pair(used: float | None, total: float | None, na: str = NA) -> str
         return f"{fmt_bytes(used, na)} / {fmt_bytes(total, na)}"
     unit_index = 0
     scaled_total = float(total)
-    while scaled_total >= 1024 and unit_index < len(_BINARY_UNITS):
+    while scaled_total >= 1024 and unit_index < len(BINARY_UNITS):
         scaled_total /= 1024.0
         unit_index += 1
     if unit_index == 0:
         return f"{int(used)} / {int(total)} B"
     divisor = 1024.0**unit_index
-    unit = _BINARY_UNITS[unit_index - 1]
+    unit = BINARY_UNITS[unit_index - 1]
     return f"{used / divisor:.1f} / {total / divisor:.1f} {unit}"
 
 

@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import importlib.util
+import os
 import subprocess
 import sys
+import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from types import ModuleType
@@ -33,6 +35,27 @@ def shots() -> ModuleType:
 @pytest.fixture(scope="session")
 def expect() -> ModuleType:
     return _load("expect")
+
+
+def _wait_until_asleep(pid: int) -> None:
+    """Until the process runs ``sleep`` (bash has exec'd it) and sleeps: before that its name, command
+    line and RSS change under the reader, and two readings a moment apart could not agree."""
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline:
+        try:
+            exe = os.readlink(f"/proc/{pid}/exe")
+            state = Path(f"/proc/{pid}/stat").read_bytes().rsplit(b")", 1)[1].split()[0]
+        except OSError:
+            exe, state = "", b""
+        if exe.endswith("sleep") and state == b"S":
+            return
+        time.sleep(0.01)
+    raise AssertionError(f"process {pid} did not settle into sleep")
+
+
+@pytest.fixture
+def wait_until_asleep() -> Callable[[int], None]:
+    return _wait_until_asleep
 
 
 @pytest.fixture

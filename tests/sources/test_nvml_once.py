@@ -4,11 +4,8 @@ monitor's ``MachineSource`` on the same simulated box (psutil there, /proc here)
 from __future__ import annotations
 
 import dataclasses
-import os
 import subprocess
-import time
 from collections.abc import Callable
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -19,21 +16,6 @@ from tui.sources.machine import MachineSource
 from tui.sources.nvml import OMITTABLE_FIELDS, NvmlSource
 
 GiB = 1 << 30
-
-
-def wait_until_asleep(pid: int) -> None:
-    """Until bash has exec'd ``sleep`` and it sleeps: the two readings compared here are a moment apart."""
-    deadline = time.monotonic() + 10
-    while time.monotonic() < deadline:
-        try:
-            exe = os.readlink(f"/proc/{pid}/exe")
-            state = Path(f"/proc/{pid}/stat").read_bytes().rsplit(b")", 1)[1].split()[0]
-        except OSError:
-            exe, state = "", b""
-        if exe.endswith("sleep") and state == b"S":
-            return
-        time.sleep(0.01)
-    raise AssertionError(f"process {pid} did not settle into sleep")
 
 
 def test_omitted_fields_are_not_asked_for(sim: Any, clock: Any) -> None:
@@ -61,7 +43,10 @@ def test_unknown_omit_is_refused() -> None:
 
 
 def test_machine_once_equals_the_monitors_first_snapshot(
-    sim: Any, spawn: Callable[[str], subprocess.Popen[bytes]], exited_pid: int
+    sim: Any,
+    spawn: Callable[[str], subprocess.Popen[bytes]],
+    exited_pid: int,
+    wait_until_asleep: Callable[[int], None],
 ) -> None:
     procs = [spawn("python train.py --rank 0 [x]"), spawn("python eval.py")]
     for p in procs:

@@ -25,24 +25,12 @@ pytestmark = pytest.mark.skipif(not procfs.available(), reason="/proc is Linux-o
 LONG = "a-rather-long-program-name-for-comm"  # comm keeps 15 characters of it
 
 
-def wait_until_asleep(pid: int) -> None:
-    """Until the process runs ``sleep`` (bash has exec'd it) and sleeps: before that its name, command
-    line and RSS change under the reader, and two readings a moment apart could not agree."""
-    deadline = time.monotonic() + 10
-    while time.monotonic() < deadline:
-        try:
-            exe = os.readlink(f"/proc/{pid}/exe")
-            state = Path(f"/proc/{pid}/stat").read_bytes().rsplit(b")", 1)[1].split()[0]
-        except OSError:
-            exe, state = "", b""
-        if exe.endswith("sleep") and state == b"S":
-            return
-        time.sleep(0.01)
-    raise AssertionError(f"process {pid} did not settle into sleep")
-
-
 @pytest.fixture
-def odd_processes(spawn: Callable[[str], subprocess.Popen[bytes]], tmp_path: Path) -> Iterator[list[int]]:
+def odd_processes(
+    spawn: Callable[[str], subprocess.Popen[bytes]],
+    tmp_path: Path,
+    wait_until_asleep: Callable[[int], None],
+) -> Iterator[list[int]]:
     """Live processes with awkward names: markup, spaces and a ") " inside comm, a long program name."""
     long_program = tmp_path / LONG
     long_program.symlink_to("/bin/sleep")
