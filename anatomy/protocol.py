@@ -5,8 +5,10 @@ Framing: newline-delimited JSON, one object per line, at most MAX_MESSAGE_BYTES 
 The server (the hook) sends a ``hello`` first, then ``snapshot`` messages (latest only, at most one
 per publish interval). Readers send nothing; anything a reader sends is ignored.
 
-Version rule: a reader accepts a message whose ``protocol`` major equals PROTOCOL_VERSION and
-ignores fields it does not know; a new required field means a new version.
+Version rule: a reader accepts a message whose ``protocol`` is one of READABLE_VERSIONS and
+ignores fields it does not know; a new required field means a new version. Version 2 added the
+optional components (runtime, unsharded_parameters, inputs, communication_buffers) and the hello's
+``run_id``/``local_world_size``; a version 1 message is a valid version 2 message.
 """
 
 from __future__ import annotations
@@ -26,7 +28,8 @@ from typing import Any
 
 from anatomy.vocabulary import Component, OpGroup, Phase
 
-PROTOCOL_VERSION = 1
+PROTOCOL_VERSION = 2
+READABLE_VERSIONS = frozenset({1, 2})
 MAX_MESSAGE_BYTES = 256 * 1024
 SOCKET_SUFFIX = ".sock"
 OOM_SUFFIX = ".oom.json"
@@ -166,6 +169,9 @@ class Hello:
     device_memory_bytes: int | None = None  # total memory of the device
     vocab_size: int | None = None  # model.config.vocab_size when there is one
     tf32: bool | None = None  # torch.backends.cuda.matmul.allow_tf32 (or float32 matmul precision != highest)
+    # The launcher's job identity (torchrun: TORCHELASTIC_RUN_ID): ranks of one job share it.
+    run_id: str | None = None
+    local_world_size: int | None = None
     protocol: int = PROTOCOL_VERSION
     type: str = "hello"
 
@@ -323,6 +329,8 @@ def _hello_from(d: Mapping[str, Any]) -> Hello:
         device_memory_bytes=_req(d, "device_memory_bytes", int, nullable=True),
         vocab_size=_req(d, "vocab_size", int, nullable=True),
         tf32=_req(d, "tf32", bool, nullable=True),
+        run_id=_req(d, "run_id", str, nullable=True),
+        local_world_size=_req(d, "local_world_size", int, nullable=True),
     )
 
 
@@ -420,8 +428,8 @@ def from_dict(d: Any) -> Message:
     version = d.get("protocol")
     if not isinstance(version, int) or isinstance(version, bool):
         raise ProtocolError("missing protocol version")
-    if version != PROTOCOL_VERSION:
-        raise ProtocolError(f"protocol version {version} (this reader speaks {PROTOCOL_VERSION})")
+    if version not in READABLE_VERSIONS:
+        raise ProtocolError(f"protocol version {version} (this reader speaks {sorted(READABLE_VERSIONS)})")
     kind = d.get("type")
     if kind == "hello":
         return _hello_from(d)

@@ -13,15 +13,23 @@ class Component(str, Enum):
     """Where a training process's GPU (or host) memory goes.
 
     The first two exist only on CUDA (NVML's per-process figure minus what the caching allocator
-    reserved, and reserved minus allocated); the other six are the guide's components.
+    reserved, and reserved minus allocated); RUNTIME is their CPU counterpart (the process's heap
+    before its first step: interpreter, torch, libraries). WEIGHTS … UNATTRIBUTED are the guide's
+    components; UNSHARDED_PARAMETERS, INPUTS and COMMUNICATION_BUFFERS appear only where a job has
+    them (FSDP's all-gathered parameters, pre-existing tensors saved for backward, DDP/FSDP
+    communication buffers). The order of the members is the order in which every view lists them.
     """
 
     CUDA_CONTEXT = "cuda_context"
     ALLOCATOR_CACHE = "allocator_cache"
+    RUNTIME = "runtime"
     WEIGHTS = "weights"
+    UNSHARDED_PARAMETERS = "unsharded_parameters"
     OPTIMIZER_STATES = "optimizer_states"
     GRADIENTS = "gradients"
     ACTIVATIONS = "activations"
+    INPUTS = "inputs"
+    COMMUNICATION_BUFFERS = "communication_buffers"
     TEMPORARIES = "temporaries"
     UNATTRIBUTED = "unattributed"
 
@@ -33,13 +41,77 @@ class Component(str, Enum):
 COMPONENT_LABELS: dict[Component, str] = {
     Component.CUDA_CONTEXT: "CUDA context + kernels",
     Component.ALLOCATOR_CACHE: "Allocator cache",
+    Component.RUNTIME: "Runtime (before step 1)",
     Component.WEIGHTS: "Weights",
+    Component.UNSHARDED_PARAMETERS: "Unsharded parameters",
     Component.OPTIMIZER_STATES: "Optimizer states",
     Component.GRADIENTS: "Gradients",
     Component.ACTIVATIONS: "Activations",
+    Component.INPUTS: "Inputs",
+    Component.COMMUNICATION_BUFFERS: "Communication buffers",
     Component.TEMPORARIES: "Temporaries",
     Component.UNATTRIBUTED: "Unattributed",
 }
+
+# One sentence per component: what the figure is and where it comes from (help screen, selection,
+# README). Every view explains a component with these words and no others.
+COMPONENT_HELP: dict[Component, str] = {
+    Component.CUDA_CONTEXT: (
+        "NVML's figure for the process minus what PyTorch's caching allocator reserved: the CUDA context, "
+        "loaded kernels and libraries (cuBLAS/cuDNN workspaces), typically 0.3-1.5 GiB per process."
+    ),
+    Component.ALLOCATOR_CACHE: (
+        "Memory the caching allocator reserved from the driver but did not hand to tensors at the step's "
+        "peak (reserved - peak allocated): free for PyTorch, not for other processes."
+    ),
+    Component.RUNTIME: (
+        "CPU only: the process's heap in use before its first step (interpreter, torch, libraries, the "
+        "data pipeline), measured once; the CPU counterpart of the CUDA context."
+    ),
+    Component.WEIGHTS: (
+        "Parameters and buffers (tied storages once; under autocast also the low-precision weight copies); "
+        "on a sharded job this rank's shards."
+    ),
+    Component.UNSHARDED_PARAMETERS: (
+        "FSDP: the all-gathered full parameters that exist while a sharded module runs forward or backward."
+    ),
+    Component.OPTIMIZER_STATES: "Every tensor the optimizer keeps in its state (AdamW: two moments, 8 B/param).",
+    Component.GRADIENTS: (
+        "Parameter gradients at their peak (DDP's gradient buckets count here, not twice); on a sharded "
+        "job this rank's reduced shards."
+    ),
+    Component.ACTIVATIONS: (
+        "Tensors saved for backward during the step's forward (the loss included), storage-deduplicated, "
+        "parameters and inputs excluded."
+    ),
+    Component.INPUTS: (
+        "Tensors that existed before the step and were saved for backward: the batch, or the whole storage "
+        "a batch is a view of (a dataset tensor sliced into batches)."
+    ),
+    Component.COMMUNICATION_BUFFERS: (
+        "Buffers of the collective communication (DDP buckets not already counted as gradients, FSDP's "
+        "all-gather/reduce-scatter staging)."
+    ),
+    Component.TEMPORARIES: (
+        "What the step's peak holds beyond the named components: intermediate results, workspace, "
+        "autograd bookkeeping."
+    ),
+    Component.UNATTRIBUTED: (
+        "In use at the step's start and explained by nothing above (on CPU: heap grown since the runtime "
+        "baseline by anything but the model)."
+    ),
+}
+
+# Shown only when a snapshot carries a figure for them: a job without FSDP has no unsharded
+# parameters, and a row of "unmeasured" for it would be noise.
+OPTIONAL_COMPONENTS: frozenset[Component] = frozenset(
+    {
+        Component.RUNTIME,
+        Component.UNSHARDED_PARAMETERS,
+        Component.INPUTS,
+        Component.COMMUNICATION_BUFFERS,
+    }
+)
 
 # The components a tensor-level measurement can attribute (the guide's six, with
 # "functionality-specific" folded into UNATTRIBUTED because nothing can tell them apart).

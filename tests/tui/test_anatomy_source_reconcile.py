@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from anatomy.protocol import CudaMemory, Hello, Snapshot
-from anatomy.vocabulary import MODEL_COMPONENTS, Component
+from anatomy.vocabulary import MODEL_COMPONENTS, OPTIONAL_COMPONENTS, Component
 from tui.format import fmt_bytes
 from tui.sources.reconcile import TOTAL_NVML, TOTAL_PEAK, TOTAL_RESERVED, reconcile, total_line
 
@@ -63,7 +63,7 @@ def test_cuda_rows_sum_to_nvml() -> None:
     memory["allocator_cache"] = reserved - allocated  # the hook's own measurement
     memory["cuda_context"] = None  # the hook cannot know it
     rec = reconcile(hello("cuda:0"), cuda_snapshot(memory, reserved, allocated), nvml)
-    assert [r.component for r in rec.rows] == list(Component)
+    assert [r.component for r in rec.rows] == [c for c in Component if c not in OPTIONAL_COMPONENTS]
     assert rec.total == nvml and rec.total_source == TOTAL_NVML and rec.on_cuda
     assert rec.row(Component.CUDA_CONTEXT).bytes == 1300 * MIB
     assert rec.row(Component.ALLOCATOR_CACHE).bytes == 512 * MIB
@@ -241,7 +241,7 @@ def test_cuda_at_peak_rows_sum_to_nvml() -> None:
     snap = at_peak_snapshot(_cuda(peak, reserved))
     rec = reconcile(hello("cuda:0"), snap, nvml)
     assert rec.at_peak and rec.total == nvml and rec.total_source == TOTAL_NVML and rec.on_cuda
-    assert [r.component for r in rec.rows] == list(Component)
+    assert [r.component for r in rec.rows] == [c for c in Component if c not in OPTIONAL_COMPONENTS]
     assert rec.row(Component.CUDA_CONTEXT).bytes == nvml - reserved
     assert rec.row(Component.ALLOCATOR_CACHE).bytes == reserved - peak  # beyond the PEAK allocated
     assert sum(r.bytes or 0 for r in rec.rows) == nvml and rec.reconciles and rec.note is None
@@ -275,3 +275,33 @@ def test_at_peak_with_an_unmeasured_component_does_not_claim_to_add_up() -> None
     rec = reconcile(hello("cpu"), at_peak_snapshot(None, split), None)
     assert rec.at_peak and not rec.reconciles and rec.note == "unmeasured: Activations"
     assert rec.row(Component.ACTIVATIONS).share is None
+
+
+def test_optional_components_appear_only_when_the_hook_sends_them() -> None:
+    split = at_peak_split()
+    runtime, inputs = 150 * MIB + 1, 12 * MIB + 7
+    with_optional = {**split, "runtime": runtime, "inputs": inputs}
+    snap = Snapshot(
+        pid=42,
+        seq=1,
+        time=0.0,
+        step=7,
+        memory={**model_memory(), "runtime": runtime, "inputs": inputs},
+        expected_bytes_per_param=dict(EXPECTED),
+        parameter_count=PARAMS,
+        peak_bytes=sum(v or 0 for v in with_optional.values()),
+        peak_phase="backward",
+        at_peak=with_optional,
+        at_peak_step=7,
+    )
+    rec = reconcile(hello("cpu"), snap, None)
+    shown = [r.component for r in rec.rows]
+    # In the vocabulary's order, the runtime before the weights, the inputs after the activations;
+    # no row for FSDP's unsharded parameters or communication buffers, which this job does not have.
+    assert shown == [c for c in Component if c in {*MODEL_COMPONENTS, Component.RUNTIME, Component.INPUTS}]
+    assert shown.index(Component.RUNTIME) < shown.index(Component.WEIGHTS)
+    assert shown.index(Component.ACTIVATIONS) < shown.index(Component.INPUTS)
+    assert rec.row(Component.RUNTIME).bytes == runtime and rec.row(Component.INPUTS).bytes == inputs
+    assert rec.reconciles and sum(r.bytes or 0 for r in rec.rows) == snap.peak_bytes
+    assert rec.row(Component.UNSHARDED_PARAMETERS) is None
+    assert rec.row(Component.COMMUNICATION_BUFFERS) is None

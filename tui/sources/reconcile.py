@@ -27,7 +27,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 
 from anatomy.protocol import Hello, Snapshot
-from anatomy.vocabulary import MODEL_COMPONENTS, Component
+from anatomy.vocabulary import MODEL_COMPONENTS, OPTIONAL_COMPONENTS, Component
 from tui.format import fmt_bytes
 from tui.sources.model import GpuProcess
 
@@ -89,7 +89,7 @@ def reconcile(hello: Hello | None, snapshot: Snapshot, nvml_process_bytes: int |
     params = snapshot.parameter_count or (hello.parameter_count if hello is not None else 0)
     if snapshot.at_peak is not None and snapshot.peak_bytes is not None:
         return _reconcile_at_peak(snapshot, nvml_process_bytes, on_cuda, params)
-    values: dict[Component, int | None] = {c: snapshot.memory.get(c.value) for c in MODEL_COMPONENTS}
+    values: dict[Component, int | None] = {c: snapshot.memory.get(c.value) for c in Component}
     note: str | None = None
 
     if on_cuda:
@@ -114,13 +114,13 @@ def reconcile(hello: Hello | None, snapshot: Snapshot, nvml_process_bytes: int |
             note = "the hook sent no CUDA allocator figures"
         if reserved is not None and nvml_process_bytes is not None and nvml_process_bytes < reserved:
             note = "NVML reports less for this process than its allocator reserved"
-        order: tuple[Component, ...] = (*CUDA_COMPONENTS, *MODEL_COMPONENTS)
+        order = _order(on_cuda, values)
     else:
         if snapshot.peak_bytes is not None:
             total, total_source = snapshot.peak_bytes, TOTAL_PEAK
         else:
             total, total_source = None, TOTAL_SUM
-        order = MODEL_COMPONENTS
+        order = _order(on_cuda, values)
 
     measured_sum = sum(values[c] or 0 for c in order)
     all_measured = all(values[c] is not None for c in order)
@@ -174,8 +174,8 @@ def _reconcile_at_peak(
 ) -> Reconciled:
     at_peak = snapshot.at_peak or {}
     peak = snapshot.peak_bytes or 0
-    values: dict[Component, int | None] = {c: at_peak.get(c.value) for c in MODEL_COMPONENTS}
-    maxima: dict[Component, int | None] = {c: snapshot.memory.get(c.value) for c in MODEL_COMPONENTS}
+    values: dict[Component, int | None] = {c: at_peak.get(c.value) for c in Component}
+    maxima: dict[Component, int | None] = {c: snapshot.memory.get(c.value) for c in Component}
     note: str | None = None
     skip: set[Component] = set()  # rows that cannot be measured in this situation (not a failure)
     if on_cuda:
@@ -206,11 +206,10 @@ def _reconcile_at_peak(
             note = "the allocator reserves less than the step's peak allocated (its cache was emptied)"
         if reserved is not None and nvml_process_bytes is not None and nvml_process_bytes < reserved:
             note = "NVML reports less for this process than its allocator reserved"
-        order: tuple[Component, ...] = (*CUDA_COMPONENTS, *MODEL_COMPONENTS)
     else:
         total, total_source = peak, TOTAL_PEAK
         note = CPU_TOTAL_NOTE
-        order = MODEL_COMPONENTS
+    order = _order(on_cuda, values, maxima)
     measured_sum = sum(values[c] or 0 for c in order)
     all_measured = all(values[c] is not None for c in order if c not in skip)
     reconciles = all_measured and measured_sum == total
@@ -248,6 +247,17 @@ def _reconcile_at_peak(
         peak_phase=snapshot.peak_phase,
         at_peak_step=snapshot.at_peak_step,
     )
+
+
+def _order(on_cuda: bool, *figures: dict[Component, int | None]) -> tuple[Component, ...]:
+    """The rows to show, in the vocabulary's order: the CUDA rows on CUDA, the guide's components always,
+    an optional component (runtime, unsharded parameters, inputs, communication buffers) only when the hook
+    sent a figure for it."""
+    shown = set(MODEL_COMPONENTS)
+    if on_cuda:
+        shown.update(CUDA_COMPONENTS)
+    shown.update(c for c in OPTIONAL_COMPONENTS if any(f.get(c) is not None for f in figures))
+    return tuple(c for c in Component if c in shown)
 
 
 def _fraction(value: int | None, denominator: int) -> float | None:
