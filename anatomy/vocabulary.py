@@ -75,7 +75,9 @@ COMPONENT_HELP: dict[Component, str] = {
     Component.UNSHARDED_PARAMETERS: (
         "FSDP: the all-gathered full parameters that exist while a sharded module runs forward or backward."
     ),
-    Component.OPTIMIZER_STATES: "Every tensor the optimizer keeps in its state (AdamW: two moments, 8 B/param).",
+    Component.OPTIMIZER_STATES: (
+        "Every tensor the optimizer keeps in its state (AdamW: two fp32 moments, 8 B/param)."
+    ),
     Component.GRADIENTS: (
         "Parameter gradients at their peak (DDP's gradient buckets count here, not twice); on a sharded "
         "job this rank's reduced shards."
