@@ -151,7 +151,7 @@ def _memory_rules(hello: Hello, snapshot: Snapshot, savings: Mapping[str, int], 
         out.append(
             Suggestion(
                 rule="gradient_checkpointing",
-                title=f"Gradient checkpointing: ~{fmt_bytes(saving)} less",
+                title="Gradient checkpointing",
                 detail=f"{why}; {where}; activations are {share(acts)}. Saving from {how}. "
                 f"{tech.how}. Speed x{tech.speed_factor} ({tech.source_label}).",
                 source=source.value,
@@ -171,7 +171,7 @@ def _memory_rules(hello: Hello, snapshot: Snapshot, savings: Mapping[str, int], 
             out.append(
                 Suggestion(
                     rule="gradient_accumulation",
-                    title=f"Gradient accumulation ({split}): ~{fmt_bytes(saving)} less",
+                    title=f"Gradient accumulation ({split})",
                     detail=f"{why}; {where}. Same effective batch in {k} micro-batches; saving from {how}. "
                     f"{tech.how}. Speed x{tech.speed_factor} ({tech.source_label}).",
                     source=Source.PREDICTED.value,
@@ -188,7 +188,7 @@ def _memory_rules(hello: Hello, snapshot: Snapshot, savings: Mapping[str, int], 
         out.append(
             Suggestion(
                 rule="adamw_8bit",
-                title=f"8-bit AdamW: ~{fmt_bytes(saving)} less",
+                title="8-bit AdamW",
                 detail=f"{why}; {where}; optimizer states are {share(states)}. "
                 f"Saving from {how}. {tech.how}.",
                 source=Source.PREDICTED.value,
@@ -204,7 +204,7 @@ def _memory_rules(hello: Hello, snapshot: Snapshot, savings: Mapping[str, int], 
         out.append(
             Suggestion(
                 rule="adafactor",
-                title=f"Adafactor: ~{fmt_bytes(saving)} less",
+                title="Adafactor",
                 detail=f"{why}; {where}. Saving from {how}; the guide warns of instability on some models. "
                 f"{tech.how}.",
                 source=source.value,
@@ -264,7 +264,7 @@ def _fragmentation(snapshot: Snapshot) -> Suggestion | None:
     retries = f"; the allocator retried {cuda.alloc_retries} time(s)" if cuda.alloc_retries else ""
     return Suggestion(
         rule="fragmentation",
-        title=f"Allocator cache {fmt_bytes(idle)} above the peak: fragmentation",
+        title="Fragmentation: the allocator caches more than the step uses",
         detail=f"Reserved {fmt_bytes(cuda.reserved)} but the step never used more than "
         f"{fmt_bytes(max(cuda.peak_allocated, cuda.allocated))}{retries}. "
         "Set PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True before starting the run.",

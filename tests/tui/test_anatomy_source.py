@@ -130,6 +130,8 @@ def test_live_process_with_history(tmp_path: Path, hooks) -> None:
     (proc,) = procs
     assert proc.state == "live" and proc.pid == pid and proc.hello == hello
     assert proc.snapshot == sent[-1]
+    # A hook that sends no peak: the sum of what it measured (with a peak, the peak: see the live test).
+    assert all(s.peak_bytes is None for s in sent)
     assert proc.memory_history == tuple(sum(v for v in s.memory.values() if v is not None) for s in sent)
     assert proc.step_time_history == (0.25, 0.25, 0.25)
     assert proc.total_bytes == measured_total(sent[-1])

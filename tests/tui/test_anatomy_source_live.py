@@ -93,7 +93,9 @@ def test_source_sees_exactly_the_hooks_snapshot(lingering) -> None:
         (seen,) = source.poll(wait_for_first_s=5.0)
     assert seen.state == "live" and seen.pid == proc.pid
     assert seen.hello == hello and seen.snapshot == snap
-    assert seen.memory_history == (sum(v for v in snap.memory.values() if v is not None),)
+    # The history's figure is the step's peak, what the anatomy table's rows add up to.
+    assert snap.peak_bytes is not None and snap.at_peak is not None
+    assert seen.memory_history == (snap.peak_bytes,) == (sum(v or 0 for v in snap.at_peak.values()),)
 
 
 def _once(runtime: Path, base: Path, pid: int, *flags: str) -> subprocess.CompletedProcess[str]:

@@ -5,7 +5,14 @@ from __future__ import annotations
 from anatomy.protocol import CudaMemory, Hello, Snapshot
 from anatomy.vocabulary import MODEL_COMPONENTS, OPTIONAL_COMPONENTS, Component
 from tui.format import fmt_bytes
-from tui.sources.reconcile import TOTAL_NVML, TOTAL_PEAK, TOTAL_RESERVED, reconcile, total_line
+from tui.sources.reconcile import (
+    PER_PARAMETER,
+    TOTAL_NVML,
+    TOTAL_PEAK,
+    TOTAL_RESERVED,
+    reconcile,
+    total_line,
+)
 
 MIB = 1 << 20
 PARAMS = 110_000_000
@@ -137,7 +144,8 @@ def test_cpu_rows_sum_to_peak_without_cuda_rows() -> None:
     assert rec.reconciles
     for row in rec.rows:
         assert row.bytes == memory[row.component.value]
-        assert row.bytes_per_param == memory[row.component.value] / PARAMS
+        expected = memory[row.component.value] / PARAMS if row.component in PER_PARAMETER else None
+        assert row.bytes_per_param == expected
         assert row.share == memory[row.component.value] / peak
     # a peak that the rows do not reach is reported, not hidden
     rec2 = reconcile(hello("cpu"), Snapshot(**{**snap.__dict__, "peak_bytes": peak + 10}), None)
@@ -226,7 +234,8 @@ def test_cpu_at_peak_rows_sum_to_the_peak_with_maxima_beside_them() -> None:
         assert row.bytes == split[row.component.value]
         assert row.share == split[row.component.value] / peak
         assert row.max_bytes == maxima[row.component.value]
-        assert row.bytes_per_param == maxima[row.component.value] / PARAMS  # of the maximum
+        per_param = maxima[row.component.value] / PARAMS  # of the maximum
+        assert row.bytes_per_param == (per_param if row.component in PER_PARAMETER else None)
     assert rec.note is not None and "glibc heap" in rec.note  # what the total is, on CPU
     assert rec.peak_phase == "backward" and rec.at_peak_step == 5
     line = total_line(rec, 7)
@@ -305,3 +314,25 @@ def test_optional_components_appear_only_when_the_hook_sends_them() -> None:
     assert rec.reconciles and sum(r.bytes or 0 for r in rec.rows) == snap.peak_bytes
     assert rec.row(Component.UNSHARDED_PARAMETERS) is None
     assert rec.row(Component.COMMUNICATION_BUFFERS) is None
+
+
+def test_bytes_per_param_only_for_components_that_grow_with_the_model() -> None:
+    """Unattributed memory, the CUDA context and the allocator cache are not per parameter: no B/param
+    (the guide has none either), so the column never suggests they scale with the model."""
+    memory = model_memory()
+    snap = Snapshot(
+        pid=42,
+        seq=1,
+        time=0.0,
+        step=1,
+        memory=memory,
+        expected_bytes_per_param=dict(EXPECTED),
+        parameter_count=PARAMS,
+        peak_bytes=sum(v or 0 for v in memory.values()),
+    )
+    rec = reconcile(hello("cpu"), snap, None)
+    unattributed = rec.row(Component.UNATTRIBUTED)
+    assert unattributed is not None and unattributed.bytes and unattributed.bytes_per_param is None
+    weights = rec.row(Component.WEIGHTS)
+    assert weights is not None and weights.bytes_per_param == memory["weights"] / PARAMS
+    assert Component.CUDA_CONTEXT not in PER_PARAMETER and Component.ALLOCATOR_CACHE not in PER_PARAMETER

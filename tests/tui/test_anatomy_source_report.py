@@ -113,7 +113,10 @@ def test_text_shows_components_step_op_groups_and_suggestions() -> None:
         row = next(ln for ln in lines if ln.strip().startswith(comp.label))
         assert fmt.fmt_bytes(value) in row
         assert fmt.fmt_share(value / snap.peak_bytes) in row
-        assert fmt.fmt_bytes_per_param(value / PARAMS) in row
+        if comp is Component.UNATTRIBUTED:  # not per parameter: a dash, no figure
+            assert row.split()[-2:] == ["-", "-"]
+        else:
+            assert fmt.fmt_bytes_per_param(value / PARAMS) in row
     assert "CUDA" not in text  # no CUDA rows on CPU
     assert "components add up exactly" in text
     total_flops = 9.9e9 + 2e7 + 8e7

@@ -18,10 +18,12 @@ from tui import format as fmt
 from tui.sources.anatomy_source import EXITED, OOM, TrainingProcess
 from tui.sources.model import MachineSnapshot
 from tui.sources.reconcile import (
+    PER_PARAMETER,
     TOTAL_NVML,
     TOTAL_PEAK,
     TOTAL_RESERVED,
     Reconciled,
+    ReconciledRow,
     nvml_process_bytes,
     reconcile,
     total_line,
@@ -74,6 +76,12 @@ def _total_caption(rec: Reconciled, step: int | None = None) -> str:
     return f"Memory: {what} ({verdict})"
 
 
+def _no_bpp(row: ReconciledRow) -> str:
+    """What the B/param column says without a figure: '-' where the component is not per parameter
+    (CUDA context, allocator cache, unattributed ...), N/A where it is but was not measured."""
+    return fmt.NA if row.component in PER_PARAMETER else "-"
+
+
 def memory_table(rec: Reconciled, step: int | None = None) -> list[str]:
     """Component | At peak | Share | Max in step | Bytes/param | Guide, then the total."""
     lines = [
@@ -86,7 +94,7 @@ def memory_table(rec: Reconciled, step: int | None = None) -> list[str]:
             f"  {row.label:<24}{at_peak:>12}"
             f"{fmt.fmt_share(row.share):>8}"
             f"{fmt.fmt_bytes(row.max_bytes, na=fmt.UNMEASURED):>13}"
-            f"{fmt.fmt_bytes_per_param(row.bytes_per_param, na=fmt.NA):>10}"
+            f"{fmt.fmt_bytes_per_param(row.bytes_per_param, na=_no_bpp(row)):>10}"
             f"{fmt.fmt_bytes_per_param(row.expected_bytes_per_param, na='-'):>8}"
         )
     unexplained = rec.unexplained

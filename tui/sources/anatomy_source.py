@@ -46,7 +46,7 @@ class TrainingProcess:
     snapshot: Snapshot | None
     state: str  # one of STATES
     error: str | None = None  # why the reader was dropped (state "error"), or the hook's own degradation
-    memory_history: tuple[int, ...] = ()  # total measured bytes, one per new snapshot, oldest first
+    memory_history: tuple[int, ...] = ()  # measured_total, one per new snapshot, oldest first
     step_time_history: tuple[float, ...] = ()  # seconds, one per new snapshot that carried a step time
     rank_group: str | None = None  # processes of one multi-rank job share this key
     oom: str | None = None  # the out-of-memory exception text, when an OOM file exists for this PID
@@ -63,7 +63,11 @@ class TrainingProcess:
 
 
 def measured_total(snapshot: Snapshot) -> int:
-    """The sum of every component the hook measured (unmeasured ones count as nothing)."""
+    """The step's peak, the figure the anatomy table's rows add up to (one figure, one meaning in the
+    table, its history and the JSON); from a hook that sends no peak, the sum of every component it
+    measured (unmeasured ones count as nothing)."""
+    if snapshot.peak_bytes is not None:
+        return snapshot.peak_bytes
     return sum(v for v in snapshot.memory.values() if v is not None)
 
 

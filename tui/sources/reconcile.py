@@ -32,6 +32,20 @@ from tui.format import fmt_bytes
 from tui.sources.model import GpuProcess
 
 CUDA_COMPONENTS: tuple[Component, ...] = (Component.CUDA_CONTEXT, Component.ALLOCATOR_CACHE)
+# Components that grow with the parameter count, for which bytes per parameter means something (the
+# guide's figures are per parameter too); the others (CUDA context, allocator cache, runtime, inputs,
+# unattributed) get no bytes/param.
+PER_PARAMETER: frozenset[Component] = frozenset(
+    {
+        Component.WEIGHTS,
+        Component.UNSHARDED_PARAMETERS,
+        Component.OPTIMIZER_STATES,
+        Component.GRADIENTS,
+        Component.ACTIVATIONS,
+        Component.COMMUNICATION_BUFFERS,
+        Component.TEMPORARIES,
+    }
+)
 
 TOTAL_NVML = "nvml"  # the total is NVML's per-process GPU memory
 TOTAL_RESERVED = "reserved"  # CUDA, NVML figure unknown: the total is what the allocator reserved
@@ -150,7 +164,7 @@ def reconcile(hello: Hello | None, snapshot: Snapshot, nvml_process_bytes: int |
                 component=c,
                 bytes=value,
                 share=value / denominator if value is not None and denominator > 0 else None,
-                bytes_per_param=value / params if value is not None and params > 0 else None,
+                bytes_per_param=_per_param(value, params) if c in PER_PARAMETER else None,
                 expected_bytes_per_param=snapshot.expected_bytes_per_param.get(c.value),
                 max_bytes=value,
             )
@@ -227,7 +241,7 @@ def _reconcile_at_peak(
             component=c,
             bytes=values[c],
             share=_fraction(values[c], denominator),
-            bytes_per_param=_per_param(maxima[c], params),
+            bytes_per_param=_per_param(maxima[c], params) if c in PER_PARAMETER else None,
             expected_bytes_per_param=snapshot.expected_bytes_per_param.get(c.value),
             max_bytes=maxima[c],
         )
