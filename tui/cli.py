@@ -8,7 +8,11 @@
 Start-up matters for ``--once`` (people run it in loops and scripts): nothing is imported before it is
 needed. ``--once`` loads no Textual, no rich, no argparse for the common flags, no json for text, no
 psutil on Linux (``tui.sources.procfs``), and the anatomy side only when a training process may be
-publishing.
+publishing. The monitor reads NVML and draws its first frame (``tui.first_frame``) before it loads
+Textual.
+
+The simulated NVIDIA library (``ANATOMY_TOP_SIMULATE=<scenario.json>``, and ``--demo``) is installed here,
+once, at start-up (``install_simulation``); the data layer reads whatever NVML pynvml then finds.
 """
 
 from __future__ import annotations
@@ -18,6 +22,7 @@ import sys
 from collections.abc import Callable, Sequence
 
 from tui import __version__
+from tui.intervals import DEFAULT_INTERVAL, MAX_INTERVAL, MIN_INTERVAL, describe_interval
 
 # typing is not imported at run time (~3 ms of --once start-up); the names are for type checkers.
 TYPE_CHECKING = False
@@ -26,17 +31,16 @@ if TYPE_CHECKING:
     from typing import Any
 
     from tui.sources.model import GpuProcess, HostInfo, MachineSnapshot
+    from tui.sources.nvml import NvmlSource
 
 PROG = "anatomy-top"
-DEFAULT_INTERVAL = 2.0  # as nvitop: the screen stays fresh at half the CPU of 1 s (benchmarks/bench_tui.py)
-MIN_INTERVAL = 0.1
-MAX_INTERVAL = 3600.0
+SIMULATE_ENV = "ANATOMY_TOP_SIMULATE"
 ONCE_WAIT_S = 1.0  # how long --once waits for each training process's first snapshot
-DEMO_WAIT_S = 30.0  # how long --demo --once waits for the demo's training job to publish
+DEMO_WAIT_S = 60.0  # how long --demo --once waits for the demo's job's first measured step with op groups
 # What the text report never prints: not asked of NVML by `--once` without --json.
 TEXT_OMITS = ("uuid", "nvml_version")
 # Flags --once may come with that need no parser (anything else goes through argparse).
-_SIMPLE_FLAGS = frozenset({"--once", "--json", "--demo"})
+_SIMPLE_FLAGS = frozenset({"--once", "--json", "--demo", "--ascii"})
 
 DESCRIPTION = """\
 Watch where GPU memory and time go during deep-learning training: nvidia-smi's view
@@ -51,12 +55,15 @@ subcommands:
                         that fits (needs the 'train' extra; see '{PROG} plan --help')
 
 examples:
-  {PROG}                        live monitor, refreshed every second
+  {PROG}                        live monitor, refreshed {describe_interval(DEFAULT_INTERVAL)}
   {PROG} --interval 0.5         live monitor, twice a second
+  {PROG} --ascii                no box drawing or symbols the terminal cannot show
+  NO_COLOR=1 {PROG}             no colour at all (also TERM=dumb)
   {PROG} --once                 one nvidia-smi-style text report, then exit
   {PROG} --once --json          one JSON document for scripts (e.g. | jq .gpus)
   {PROG} --demo                 no GPU? a simulated 8-GPU box with a small training job
-  {PROG} --demo --once          the same box as one report (waits for the job's first step)
+  {PROG} --demo --once          the same box as one report (waits for the job's first measured
+                                step with op groups, up to {DEMO_WAIT_S:g} s)
   {PROG} plan ./my-model/config.json --batch-size 8 --seq-len 1024 --precision bf16 --gpu A100-40GB
 """
 
@@ -64,10 +71,13 @@ examples:
 class _Options:
     """What the monitor and --once read from the command line (argparse's Namespace, minus argparse)."""
 
-    def __init__(self, once: bool = False, json: bool = False, demo: bool = False) -> None:
+    def __init__(
+        self, once: bool = False, json: bool = False, demo: bool = False, ascii: bool = False
+    ) -> None:
         self.once = once
         self.json = json
         self.demo = demo
+        self.ascii = ascii
         self.interval = DEFAULT_INTERVAL
 
 
@@ -114,6 +124,12 @@ def build_parser() -> argparse.ArgumentParser:
         f"(default {DEFAULT_INTERVAL:g})",
     )
     parser.add_argument(
+        "--ascii",
+        action="store_true",
+        help="draw with ASCII only: no box drawing, blocks or symbols (automatic when the locale is not "
+        "UTF-8); NO_COLOR=1 or TERM=dumb turn colour off",
+    )
+    parser.add_argument(
         "--version", action="version", version=f"{PROG} {__version__}", help="print the version and exit"
     )
     return parser
@@ -123,7 +139,7 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace | _Options:
     argv = list(argv)
     if "--once" in argv and _SIMPLE_FLAGS.issuperset(argv):
         # The common one-shot invocations: no argparse import (~5 ms) for a parse this simple.
-        return _Options(once=True, json="--json" in argv, demo="--demo" in argv)
+        return _Options(once=True, json="--json" in argv, demo="--demo" in argv, ascii="--ascii" in argv)
     parser = build_parser()
     args = parser.parse_args(argv)
     if args.json and not args.once:
@@ -132,27 +148,44 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace | _Options:
 
 
 # ------------------------------------------------------------------------------------------ demo
-def start_demo(once: bool) -> Callable[[], None]:
+def start_demo(once: bool) -> tuple[Callable[[], None], int | None]:
     """Point this process at the simulated 8-GPU box and start the demo's training job; return the
-    function that ends it all. With ``once``, wait until the training job publishes its first step, so
-    the one report shows its anatomy (plain ``--demo`` starts the monitor right away)."""
+    function that ends it all and the job's PID. With ``once``, wait until the job has published a
+    measured step with op groups, so the one report shows its whole anatomy (plain ``--demo`` starts the
+    monitor right away, which says it is waiting for the job)."""
     from tui.demo import start_demo as start
 
     handle = start(train=True)
     if once and handle.train is not None:
         print(
             f"{PROG}: starting the demo's training job; waiting up to {DEMO_WAIT_S:g} s for its first "
-            "step to be published ...",
+            "measured step with op groups ...",
             file=sys.stderr,
             flush=True,
         )
-        if not handle.wait_until_publishing(DEMO_WAIT_S):
+        if not handle.wait_until_publishing(DEMO_WAIT_S, op_groups=True):
             print(
-                f"{PROG}: the demo's training job did not publish in time; the report shows no anatomy "
-                f"(its log: {handle.train_log})",
+                f"{PROG}: timed out after {DEMO_WAIT_S:g} s: the demo's training job published no step with "
+                f"op groups; the report shows what it has (its log: {handle.train_log})",
                 file=sys.stderr,
             )
-    return handle.stop
+    pid = getattr(handle, "train_pid", None)
+    return handle.stop, pid if isinstance(pid, int) else None
+
+
+def install_simulation() -> str | None:
+    """Install the simulated NVIDIA library named by ANATOMY_TOP_SIMULATE, if set: the one place it is
+    installed. Returns why NVML cannot be used when the scenario is broken (the reports and the monitor
+    then say so instead of showing GPUs), else None."""
+    if not os.environ.get(SIMULATE_ENV, "").strip():
+        return None
+    try:
+        from tui.simnvml import install_from_env
+
+        install_from_env()
+    except Exception as exc:  # a broken scenario file must not crash anything
+        return f"simulated NVML ({SIMULATE_ENV}) could not be installed: {exc}"
+    return None
 
 
 # ------------------------------------------------------------------------------------------ once
@@ -228,23 +261,19 @@ def _host_side(processes: tuple[GpuProcess, ...]) -> tuple[tuple[GpuProcess, ...
     return enriched, info
 
 
-def machine_once(omit: Sequence[str] = ()) -> tuple[MachineSnapshot, int]:
-    """One machine snapshot for a one-shot report, and the NVML calls it took.
-
-    What ``MachineSource().snapshot()`` gives, without its state for later refreshes: one NVML pass
-    asking only for what is printed (``omit``), then NVML is shut down before the host is read.
-    """
+def first_snapshot(source: NvmlSource, close: bool = False) -> tuple[MachineSnapshot, int]:
+    """One machine snapshot, and the NVML calls it took: one NVML pass (then NVML is shut down when
+    ``close``), then the host's view of its processes from /proc (no psutil import on Linux)."""
     import time
 
     from tui.sources.model import MachineSnapshot
-    from tui.sources.nvml import NvmlSource
 
     now = time.time()
-    source = NvmlSource(omit=omit)
     try:
         reading = source.query()
     finally:
-        source.close()
+        if close:
+            source.close()
     processes, host = _host_side(reading.processes)
     machine = MachineSnapshot(
         time=now, nvml=reading.status, gpus=reading.gpus, processes=processes, host=host
@@ -252,8 +281,17 @@ def machine_once(omit: Sequence[str] = ()) -> tuple[MachineSnapshot, int]:
     return machine, reading.calls
 
 
-def run_once(as_json: bool) -> int:
-    machine, calls = machine_once(() if as_json else TEXT_OMITS)
+def machine_once(
+    omit: Sequence[str] = (), nvml_unavailable: str | None = None
+) -> tuple[MachineSnapshot, int]:
+    """One machine snapshot for a one-shot report, asking NVML only for what is printed (``omit``)."""
+    from tui.sources.nvml import NvmlSource
+
+    return first_snapshot(NvmlSource(omit=omit, unavailable_reason=nvml_unavailable), close=True)
+
+
+def run_once(as_json: bool, nvml_unavailable: str | None = None) -> int:
+    machine, calls = machine_once(() if as_json else TEXT_OMITS, nvml_unavailable)
     training = _training(machine, as_json)
     if not machine.nvml.available:
         print(f"{PROG}: no GPU shown: {machine.nvml.reason}", file=sys.stderr)
@@ -298,13 +336,36 @@ def run_plan(argv: Sequence[str]) -> int:
     return int(plan_main(list(argv)) or 0)
 
 
-def run_monitor(args: Any) -> int:
+def run_monitor(args: Any, nvml_unavailable: str | None = None, starting_pid: int | None = None) -> int:
+    """The live monitor: read NVML and draw the first frame from it, then load Textual and hand over."""
+    from tui import first_frame
+    from tui.sources.nvml import NvmlSource
+    from tui.terminal import detect
+
+    caps = detect(ascii_only=bool(getattr(args, "ascii", False)))
+    interval = float(getattr(args, "interval", DEFAULT_INTERVAL) or DEFAULT_INTERVAL)
+    nvml = NvmlSource(unavailable_reason=nvml_unavailable)
+    first, _ = first_snapshot(nvml)
+    painted = first_frame.paint(first, caps, interval)
     try:
         from tui.app import run_app
     except ImportError as exc:
+        if painted:
+            first_frame.leave()
+        nvml.close()
         print(f"{PROG}: the monitor cannot start: {exc}", file=sys.stderr)
         return 1
-    return int(run_app(args) or 0)
+    return int(
+        run_app(
+            args,
+            nvml=nvml,
+            first_machine=first,
+            caps=caps,
+            starting_pid=starting_pid,
+            painted=painted,
+        )
+        or 0
+    )
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -314,11 +375,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(argv)  # bad input: argparse prints usage and exits 2
     stop: Callable[[], None] | None = None
     try:
+        starting_pid = None
         if args.demo:
-            stop = start_demo(once=args.once)
+            stop, starting_pid = start_demo(once=args.once)
+        nvml_unavailable = install_simulation()
         if args.once:
-            return run_once(args.json)
-        return run_monitor(args)
+            return run_once(args.json, nvml_unavailable)
+        return run_monitor(args, nvml_unavailable, starting_pid)
     except KeyboardInterrupt:
         return 130
     except Exception as exc:  # no traceback for users

@@ -157,8 +157,9 @@ class DemoHandle:
     def train_log(self) -> Path:
         return self.directory / "train.log"
 
-    def wait_until_publishing(self, timeout: float = 30.0) -> bool:
-        """Block until the training job's first snapshot arrived (for ``--demo --once``); False on
+    def wait_until_publishing(self, timeout: float = 30.0, op_groups: bool = False) -> bool:
+        """Block until the training job's first snapshot arrived — with ``op_groups``, its first measured
+        step with op groups (``--demo --once``: the report then shows the whole anatomy) — False on
         timeout, when there is no training job, or when it died."""
         if self.train is None:
             return False
@@ -168,8 +169,10 @@ class DemoHandle:
         with AnatomySource(self.runtime_dir) as source:
             while time.monotonic() < deadline and self.train.poll() is None:
                 procs = source.poll(wait_for_first_s=min(0.5, max(0.0, deadline - time.monotonic())))
-                if any(p.pid == self.train.pid and p.snapshot is not None for p in procs):
-                    return True
+                for p in procs:
+                    snap = p.snapshot if p.pid == self.train.pid else None
+                    if snap is not None and (snap.op_groups or not op_groups):
+                        return True
                 time.sleep(0.1)
         return False
 

@@ -204,14 +204,19 @@ def test_monitor_gets_the_parsed_options(monkeypatch: pytest.MonkeyPatch) -> Non
     seen: list[Any] = []
     fake = ModuleType("tui.app")
 
-    def run_app(args: Any) -> int:
+    def run_app(args: Any, **start: Any) -> int:
         seen.append(args)
+        seen.append(start)
         return 0
 
     fake.run_app = run_app  # type: ignore[attr-defined]
     monkeypatch.setitem(sys.modules, "tui.app", fake)
-    assert cli.main(["--interval", "2"]) == 0
-    assert seen[0].interval == 2.0 and seen[0].once is False
+    assert cli.main(["--interval", "2", "--ascii"]) == 0
+    assert seen[0].interval == 2.0 and seen[0].once is False and seen[0].ascii is True
+    # what the command line read before loading Textual: the first snapshot, the terminal's abilities
+    start = seen[1]
+    assert start["first_machine"] is not None and start["nvml"] is not None
+    assert start["caps"].ascii and start["starting_pid"] is None
 
 
 @pytest.mark.slow
@@ -219,7 +224,9 @@ def test_monitor_gets_the_parsed_options(monkeypatch: pytest.MonkeyPatch) -> Non
 def test_demo_once_json_shows_the_training_jobs_anatomy(tmp_path: Path) -> None:
     result = run_cli("--demo", "--once", "--json", tmp_path=tmp_path)
     assert result.returncode == 0, result.stderr
-    assert result.stderr.startswith("anatomy-top: starting the demo's training job; waiting up to 30 s")
+    assert result.stderr.startswith(
+        f"anatomy-top: starting the demo's training job; waiting up to {cli.DEMO_WAIT_S:g} s"
+    )
     assert result.stderr.count("\n") == 1 and "Traceback" not in result.stderr
     doc = json.loads(result.stdout)
     assert [g["name"] for g in doc["gpus"]] == ["NVIDIA H100 80GB HBM3"] * 8
@@ -232,6 +239,8 @@ def test_demo_once_json_shows_the_training_jobs_anatomy(tmp_path: Path) -> None:
         and training["snapshot"]["step"] >= 0
         and training["snapshot"]["memory"]["weights"] > 0
     )
+    # it waited for a measured step with op groups: the report has them, not "not sampled yet"
+    assert training["snapshot"]["op_groups"] and training["snapshot"]["op_groups_step"] is not None
     for p in doc["processes"]:  # the demo's processes are gone once it exits
         with pytest.raises(ProcessLookupError):
             os.kill(p["pid"], 0)
@@ -243,8 +252,10 @@ class _FakeDemoHandle:
         self.train = object() if train else None
         self.train_log = Path("/nonexistent/train.log")
 
-    def wait_until_publishing(self, timeout: float = 30.0) -> bool:
-        self.log.append(f"wait {timeout:g}")
+    train_pid = 4242
+
+    def wait_until_publishing(self, timeout: float = 30.0, op_groups: bool = False) -> bool:
+        self.log.append(f"wait {timeout:g} op_groups={op_groups}")
         return False
 
     def stop(self) -> None:
@@ -263,10 +274,10 @@ def fake_demo(monkeypatch: pytest.MonkeyPatch) -> list[str]:
 
     demo.start_demo = start_demo  # type: ignore[attr-defined]
     app = ModuleType("tui.app")
-    app.run_app = lambda args: log.append("monitor") or 0  # type: ignore[attr-defined]
+    app.run_app = lambda args, **start: log.append(f"monitor starting={start['starting_pid']}") or 0  # type: ignore[attr-defined]
     monkeypatch.setitem(sys.modules, "tui.demo", demo)
     monkeypatch.setitem(sys.modules, "tui.app", app)
-    monkeypatch.setattr(cli, "run_once", lambda as_json: log.append(f"once json={as_json}") or 0)
+    monkeypatch.setattr(cli, "run_once", lambda as_json, *a: log.append(f"once json={as_json}") or 0)
     return log
 
 
@@ -274,14 +285,21 @@ def test_demo_once_waits_for_the_training_job_then_stops_it(
     fake_demo: list[str], capsys: pytest.CaptureFixture[str]
 ) -> None:
     assert cli.main(["--demo", "--once"]) == 0
-    assert fake_demo == ["start train=True", "wait 30", "once json=False", "stop"]
+    assert fake_demo == [
+        "start train=True",
+        f"wait {cli.DEMO_WAIT_S:g} op_groups=True",
+        "once json=False",
+        "stop",
+    ]
     err = capsys.readouterr().err
-    assert "waiting up to 30 s for its first step" in err and "did not publish in time" in err
+    assert f"waiting up to {cli.DEMO_WAIT_S:g} s for its first measured step with op groups" in err
+    assert f"timed out after {cli.DEMO_WAIT_S:g} s" in err and "published no step with op groups" in err
 
 
 def test_plain_demo_starts_the_monitor_without_waiting(fake_demo: list[str]) -> None:
     assert cli.main(["--demo", "--interval", "2"]) == 0
-    assert fake_demo == ["start train=True", "monitor", "stop"]
+    # the monitor knows the demo's job is starting: its anatomy pane says so until it publishes
+    assert fake_demo == ["start train=True", "monitor starting=4242", "stop"]
 
 
 # ------------------------------------------------------------------------------------- options, help

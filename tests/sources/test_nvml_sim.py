@@ -186,27 +186,40 @@ def test_machine_source_reports_its_call_cost(sim: Any, clock: Any) -> None:
         assert len(snap.gpus) == 8 and len(snap.processes) == 64
 
 
-def test_env_simulation_installed_once_for_two_sources(
+def test_env_simulation_is_installed_once_at_start_up_and_sources_read_it(
     tmp_path: Any, monkeypatch: pytest.MonkeyPatch, expect: ModuleType
 ) -> None:
+    """ANATOMY_TOP_SIMULATE is read in one place, the command line's start-up; the data layer never
+    looks at it and reads whatever NVML pynvml finds (two sources share the one installed library)."""
     import tui.simnvml as simnvml
+    from tui import cli
 
     scenario = varied_box(2, 2)
     path = tmp_path / "box.json"
     scenario.to_json(path)
     monkeypatch.setenv("ANATOMY_TOP_SIMULATE", str(path))
+    simnvml.uninstall()
     try:
-        first, second = NvmlSource(), NvmlSource()
-        assert first.query().status.available
+        untouched = NvmlSource()
+        assert not untouched.query().status.available  # the source alone does not install it
+        untouched.close()
+        assert cli.install_simulation() is None
         lib = simnvml.installed()
-        # The second source must not swap the library (and invalidate the first one's handles).
-        assert second.query().status.available and simnvml.installed() is lib
+        assert lib is not None
+        first, second = NvmlSource(), NvmlSource()
+        assert first.query().status.available and second.query().status.available
+        assert simnvml.installed() is lib
         for source in (first, second):
             reading = source.query()
             assert [g.name for g in reading.gpus] == [g.name for g in scenario.gpus]
             assert reading.gpus[1].memory_total == expect.gpu_fields(scenario, 1, 0.0)["memory_total"]
         first.close()
         second.close()
+        path.write_text("{not json")
+        reason = cli.install_simulation()
+        assert reason is not None and reason.startswith("simulated NVML (ANATOMY_TOP_SIMULATE)")
+        broken = NvmlSource(unavailable_reason=reason)
+        assert broken.query().status.reason == reason
     finally:
         simnvml.uninstall()
 

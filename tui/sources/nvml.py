@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
-import os
 import threading
 import time
 from collections.abc import Callable, Collection
@@ -33,7 +32,6 @@ if TYPE_CHECKING:
 LIBRARY_MISSING_REASON = "NVIDIA driver not found (libnvidia-ml.so.1 could not be loaded)"
 BINDINGS_MISSING_REASON = "nvidia-ml-py (pynvml) is not installed"
 CLOSED_REASON = "NVML source closed"
-SIMULATE_ENV = "ANATOMY_TOP_SIMULATE"
 
 _NOT_AVAILABLE_U32 = 0xFFFFFFFF
 _NOT_AVAILABLE_U64 = 0xFFFFFFFFFFFFFFFF
@@ -157,40 +155,17 @@ def format_cuda_version(version: int | None) -> str | None:
     return f"{version // 1000}.{(version % 1000) // 10}"
 
 
-_sim_lock = threading.Lock()
-_sim_installed_from: str | None = None
-
-
-def install_simulation_from_env() -> str | None:
-    """Install the simulated NVML when ANATOMY_TOP_SIMULATE is set; return an error text on failure.
-
-    Imported lazily so a real run never loads the simulator. Once per scenario path per process: a
-    second source must not replace the library (and invalidate the handles) under the first.
-    """
-    global _sim_installed_from
-    path = os.environ.get(SIMULATE_ENV, "").strip()
-    if not path:
-        return None
-    with _sim_lock:
-        try:
-            from tui.simnvml import install_from_env, installed
-
-            if path == _sim_installed_from and installed() is not None:
-                return None
-            install_from_env()
-        except Exception as exc:  # a broken scenario file must not crash the monitor
-            return f"simulated NVML ({SIMULATE_ENV}) could not be installed: {exc}"
-        _sim_installed_from = path
-    return None
-
-
 class NvmlSource:
     """Reads nvidia-smi's default view from NVML. Thread-safe; every failure is a value.
 
     ``slow_ttl``/``fast_ttl`` are the cache lifetimes in seconds of the slow and fast tiers;
     ``init_retry_s`` how long to wait before trying a failed ``nvmlInit`` again. ``omit``: names of
     optional fields never asked for (left None), so a one-shot report makes only the calls it prints;
-    each one of ``OMITTABLE_FIELDS``.
+    each one of ``OMITTABLE_FIELDS``. ``unavailable_reason``: NVML is known to be unusable before the
+    first call (a simulated library that could not be installed): every reading says so.
+
+    The simulated library (``ANATOMY_TOP_SIMULATE``) is installed once at start-up by the command line
+    (``tui.cli``), never from here: this class reads whatever NVML pynvml finds.
     """
 
     def __init__(
@@ -201,11 +176,13 @@ class NvmlSource:
         init_retry_s: float = 30.0,
         clock: Callable[[], float] = time.monotonic,
         omit: Collection[str] = (),
+        unavailable_reason: str | None = None,
     ) -> None:
         unknown = set(omit) - set(OMITTABLE_FIELDS)
         if unknown:
             raise ValueError(f"cannot omit {sorted(unknown)}; omittable: {OMITTABLE_FIELDS}")
         self.omit = frozenset(omit)
+        self.unavailable_reason = unavailable_reason
         self.slow_ttl = slow_ttl
         self.fast_ttl = fast_ttl
         self.init_retry_s = init_retry_s
@@ -285,9 +262,8 @@ class NvmlSource:
         return ok
 
     def _init(self) -> bool:
-        sim_error = install_simulation_from_env()
-        if sim_error is not None:
-            self._status = NvmlStatus(available=False, reason=sim_error)
+        if self.unavailable_reason is not None:
+            self._status = NvmlStatus(available=False, reason=self.unavailable_reason)
             return False
         try:
             import pynvml
@@ -600,15 +576,6 @@ class NvmlSource:
         raise pynvml.NVMLError(pynvml.NVML_ERROR_INSUFFICIENT_SIZE)
 
 
-def read_once(**kwargs: Any) -> NvmlReading:
-    """One reading with a fresh source, closed afterwards (for ``--once``)."""
-    source = NvmlSource(**kwargs)
-    try:
-        return source.query()
-    finally:
-        source.close()
-
-
 __all__ = [
     "BINDINGS_MISSING_REASON",
     "CLOSED_REASON",
@@ -617,6 +584,4 @@ __all__ = [
     "NvmlReading",
     "NvmlSource",
     "format_cuda_version",
-    "install_simulation_from_env",
-    "read_once",
 ]
