@@ -20,11 +20,10 @@ import sys
 import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
-from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any, ClassVar, Protocol
 
 from rich.text import Text
-from textual import on
+from textual import events, on
 from textual.app import App, ComposeResult
 from textual.binding import Binding, BindingType
 from textual.containers import Horizontal, Vertical
@@ -33,24 +32,38 @@ from textual.message import Message
 from textual.timer import Timer
 from textual.widgets import Input
 
-from tui.cli import DEFAULT_INTERVAL
+from tui.intervals import (
+    DEFAULT_INTERVAL,
+    INTERVAL_STEPS,
+    MAX_INTERVAL,
+    MIN_INTERVAL,
+    clamp_interval,
+    next_interval,
+)
 from tui.sources.anatomy_source import TrainingProcess
 from tui.sources.model import GpuProcess, MachineSnapshot
 from tui.sources.reconcile import nvml_process_bytes
+from tui.terminal import Display
+from tui.widgets import display_filter
 from tui.widgets.anatomy_pane import AnatomyPane
-from tui.widgets.gpu_table import GpuTable
+from tui.widgets.gpu_table import COMPACT, FULL, GpuTable
 from tui.widgets.header import MachineHeader, NvmlBanner
 from tui.widgets.key_bar import KeyBar
+from tui.widgets.layout import WIDE_FROM, anatomy_width, gpu_mode_for, is_wide
 from tui.widgets.line_table import LineTable
 from tui.widgets.process_rows import build_rows
 from tui.widgets.process_table import ProcessTable
 from tui.widgets.text_static import TextStatic
 
-INTERVAL_STEPS: tuple[float, ...] = (0.5, 1.0, 2.0, 3.0, 5.0, 10.0, 30.0)
-# The keys step through INTERVAL_STEPS (at most 2 refreshes a second: a monitor must stay cheap);
-# an explicit --interval may go lower, within the CLI's bounds.
-MIN_INTERVAL = 0.1
-MAX_INTERVAL = 3600.0
+__all__ = [
+    "INTERVAL_STEPS",
+    "MAX_INTERVAL",
+    "MIN_INTERVAL",
+    "AnatomyTopApp",
+    "next_interval",
+    "run_app",
+]
+
 NARROW, WIDE = "-narrow", "-wide"
 STALE_AFTER_S = 10.0  # a live publisher silent this long (or 3 refreshes) is flagged in the anatomy pane
 PANE_NVSMI, PANE_ANATOMY = "nvsmi", "anatomy"
@@ -87,15 +100,6 @@ class Polled(Message):
         return isinstance(message, Polled)
 
 
-def next_interval(current: float, direction: int) -> float:
-    """The next step of INTERVAL_STEPS above (direction > 0) or below the current interval."""
-    if direction > 0:
-        bigger = [s for s in INTERVAL_STEPS if s > current + 1e-9]
-        return bigger[0] if bigger else current
-    smaller = [s for s in INTERVAL_STEPS if s < current - 1e-9]
-    return smaller[-1] if smaller else current
-
-
 def nvml_bytes_for(machine: MachineSnapshot | None, pid: int) -> int | None:
     """What NVML reports for ``pid`` on the GPU it trains on, or None where it reports nothing."""
     if machine is None:
@@ -124,13 +128,15 @@ ORPHAN_CHECK_S = 2.0
 class AnatomyTopApp(App[int]):
     TITLE = "anatomy-top"
     CSS_PATH = "app.tcss"
-    HORIZONTAL_BREAKPOINTS = [(0, NARROW), (120, WIDE)]  # noqa: RUF012 (Textual declares the type)
+    HORIZONTAL_BREAKPOINTS = [(0, NARROW), (WIDE_FROM, WIDE)]  # noqa: RUF012 (Textual declares the type)
     ENABLE_COMMAND_PALETTE = False
 
     BINDINGS: ClassVar[list[BindingType]] = [
         Binding("q", "quit", "Quit"),
+        Binding("ctrl+c", "quit", "Interrupt", show=False, priority=True),
         Binding("question_mark", "help", "Help"),
         Binding("tab", "switch_pane", "Pane", priority=True),
+        Binding("f", "gpu_layout", "Full/compact"),
         Binding("s", "cycle_sort", "Sort"),
         Binding("S", "reverse_sort", "Rev"),
         Binding("slash", "filter", "Filter"),
@@ -153,13 +159,25 @@ class AnatomyTopApp(App[int]):
         close_sources: bool = True,
         host_lookup: Callable[[Sequence[int]], Mapping[int, GpuProcess]] | None = None,
         monotonic: Callable[[], float] = time.monotonic,
+        caps: Display | None = None,
+        first_machine: MachineSnapshot | None = None,
+        starting_pid: int | None = None,
     ) -> None:
         super().__init__()
         self.machine_source = machine_source
         self.anatomy_source = anatomy_source
-        self.interval = min(MAX_INTERVAL, max(MIN_INTERVAL, float(interval)))
+        self.interval = clamp_interval(interval)
         self.paused = False
-        self.machine: MachineSnapshot | None = None
+        # What the terminal can show (colour, Unicode); the display filter enforces it on every line.
+        self.caps = caps if caps is not None else Display()
+        self._restore_scrollbars = display_filter.install(self._filters, self.caps)
+        self.set_class(self.caps.plain, "-plain")
+        self.set_class(self.caps.ascii, "-ascii")
+        # A machine snapshot read before Textual started (the start-up frame's): shown at once.
+        self.machine: MachineSnapshot | None = first_machine
+        # A training job known to be starting (the demo's): the anatomy pane waits for it by name.
+        self.starting_pid = starting_pid
+        self.gpu_mode: str | None = None  # None: by width (full side by side, compact below); else f's choice
         self.training: list[TrainingProcess] = []
         self.host_figures: dict[int, GpuProcess] = {}
         self.errors: list[str] = []
@@ -171,7 +189,6 @@ class AnatomyTopApp(App[int]):
         self._close_sources = close_sources
         self._host_lookup = host_lookup if host_lookup is not None else HostFigures()
         self._polling = False
-        self._prefetched: Future[Polled] | None = None
         self._timer: Timer | None = None
         self._signals_installed = False
         self._parent_pid = os.getppid()
@@ -196,6 +213,9 @@ class AnatomyTopApp(App[int]):
     def on_mount(self) -> None:
         self.query_one("#filter", Input).display = False
         self.query_one(ProcessTable).focus()
+        self._apply_layout()
+        if self.machine is not None:
+            self._render_all()
         self._render_header()
         self._render_tabs()
         self._render_proc_bar()
@@ -206,7 +226,11 @@ class AnatomyTopApp(App[int]):
             self.set_interval(ORPHAN_CHECK_S, self._exit_if_orphaned, name="orphan-check")
         self._schedule(0.0)
 
+    def on_resize(self, event: events.Resize) -> None:
+        self._apply_layout(event.size.width)  # self.size is not updated yet
+
     def on_unmount(self) -> None:
+        self._restore_scrollbars()
         if self._timer is not None:
             self._timer.stop()
         if self._signals_installed:
@@ -247,21 +271,12 @@ class AnatomyTopApp(App[int]):
         if self.paused or self._polling:
             return
         self._polling = True
-        prefetched, self._prefetched = self._prefetched, None
         # A plain daemon thread, not a Textual worker: a worker sends three state-change messages
         # through the app's queue on every refresh; a daemon never holds up the exit if NVML hangs.
-        threading.Thread(
-            target=self._poll_in_thread, args=(prefetched,), name="anatomy-top-poll", daemon=True
-        ).start()
+        threading.Thread(target=self._poll_in_thread, name="anatomy-top-poll", daemon=True).start()
 
-    def _poll_in_thread(self, prefetched: Future[Polled] | None) -> None:
-        if prefetched is not None:
-            try:
-                polled = prefetched.result(timeout=60.0)
-            except Exception as exc:
-                polled = Polled(None, [], None, [f"first sample: {type(exc).__name__}: {exc}"])
-        else:
-            polled = self.collect()
+    def _poll_in_thread(self) -> None:
+        polled = self.collect()
         with contextlib.suppress(RuntimeError):  # the event loop closed while this sample was taken
             self.post_message(polled)
 
@@ -287,14 +302,6 @@ class AnatomyTopApp(App[int]):
         except Exception as exc:
             errors.append(f"host data: {type(exc).__name__}: {exc}")
         return Polled(machine, training, figures, errors)
-
-    def prefetch(self) -> None:
-        """Start the first sample now, in a thread, so NVML's start-up overlaps Textual's: the first
-        frame then shows data sooner. The first poll uses its result."""
-        if self._prefetched is None and not self.is_running:
-            executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="anatomy-top-prefetch")
-            self._prefetched = executor.submit(self.collect)
-            executor.shutdown(wait=False)
 
     def on_polled(self, message: Polled) -> None:
         self._polling = False
@@ -405,8 +412,10 @@ class AnatomyTopApp(App[int]):
         row = self.query_one(ProcessTable).selected_row
         hint = None
         if process is not None and row is not None and row.pid != process.pid:
-            hint = f"PID {row.pid} does not publish its anatomy; showing PID {process.pid}"
+            # Which job the pane shows, not a verdict on the selected row: it may still be starting.
+            hint = f"showing ◆ PID {process.pid} (select a ◆ row to follow another job)"
         pane = self.query_one(AnatomyPane)
+        pane.waiting_for = self._starting_label()
         if only_if_changed and process is pane.process and hint == pane.hint:
             return
         group: list[TrainingProcess] = []
@@ -421,6 +430,22 @@ class AnatomyTopApp(App[int]):
             return
         self._anatomy_shown = shown
         pane.show(process, group, nvml_bytes, hint=hint, stale_s=stale_s)
+
+    def _starting_label(self) -> str | None:
+        """While a training job known to be starting has not published: what the pane waits for."""
+        pid = self.starting_pid
+        if pid is None:
+            return None
+        if any(t.pid == pid and t.snapshot is not None for t in self.training):
+            self.starting_pid = None  # it published: from now on it is an ordinary job
+            return None
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            return None
+        except OSError:
+            pass  # alive, someone else's
+        return "waiting for the training job to publish (starting)"
 
     def _stale_seconds(self, process: TrainingProcess | None) -> float | None:
         """How long a live publisher has sent nothing new, once that is clearly more than its pace."""
@@ -474,6 +499,21 @@ class AnatomyTopApp(App[int]):
         else:
             self.query_one(ProcessTable).focus()
         self._render_tabs()
+
+    def _apply_layout(self, width: int | None = None) -> None:
+        """The anatomy pane's width side by side, and the GPU table's layout (f's choice, else by width)."""
+        width = self.size.width if width is None else width
+        mode = self.gpu_mode or gpu_mode_for(width)
+        with contextlib.suppress(NoMatches):
+            self.query_one(AnatomyPane).styles.width = anatomy_width(width) if is_wide(width) else "1fr"
+            self.query_one(GpuTable).set_mode(mode)
+
+    def action_gpu_layout(self) -> None:
+        """Full (every field, two lines per GPU) <-> compact (one line per GPU); the choice then holds
+        at any width."""
+        current = self.query_one(GpuTable).mode
+        self.gpu_mode = COMPACT if current == FULL else FULL
+        self._apply_layout()
 
     def action_cycle_sort(self) -> None:
         self.query_one(ProcessTable).cycle_sort()
@@ -552,23 +592,55 @@ class AnatomyTopApp(App[int]):
                 focused.scroll_up(animate=False)
 
 
-def run_app(args: Any) -> int:
-    """Run the monitor in this terminal with the real sources; returns the exit status."""
+def run_app(
+    args: Any,
+    *,
+    nvml: Any = None,
+    first_machine: MachineSnapshot | None = None,
+    caps: Display | None = None,
+    starting_pid: int | None = None,
+    painted: bool = False,
+) -> int:
+    """Run the monitor in this terminal with the real sources; returns the exit status.
+
+    ``nvml``: the NvmlSource the command line already read ``first_machine`` from (kept, with its
+    caches); ``painted``: the start-up frame is on the alternate screen, to be given back if the monitor
+    cannot start (once running, Textual leaves the alternate screen itself)."""
     interval = float(getattr(args, "interval", DEFAULT_INTERVAL) or DEFAULT_INTERVAL)
+    if caps is None:
+        from tui.terminal import detect
+
+        caps = detect(ascii_only=bool(getattr(args, "ascii", False)))
+
+    def give_back_terminal() -> None:
+        if painted:
+            from tui.first_frame import leave
+
+            leave()
+
     try:
         from tui.sources.anatomy_source import AnatomySource
         from tui.sources.machine import MachineSource
 
-        machine_source = MachineSource()
+        machine_source = MachineSource(nvml=nvml)
         anatomy_source = AnatomySource()
     except Exception as exc:
+        give_back_terminal()
         print(f"anatomy-top: cannot start: {type(exc).__name__}: {exc}", file=sys.stderr)
         return 1
-    app = AnatomyTopApp(machine_source=machine_source, anatomy_source=anatomy_source, interval=interval)
-    app.prefetch()
+    app = AnatomyTopApp(
+        machine_source=machine_source,
+        anatomy_source=anatomy_source,
+        interval=interval,
+        caps=caps,
+        first_machine=first_machine,
+        starting_pid=starting_pid,
+    )
     try:
         app.run()
     except Exception as exc:  # no traceback for users
+        if app._driver is None:
+            give_back_terminal()
         print(f"anatomy-top: {type(exc).__name__}: {exc}", file=sys.stderr)
         return 1
     finally:

@@ -8,12 +8,14 @@ import argparse
 import asyncio
 import os
 import signal
+import threading
 from collections.abc import Callable
 from typing import Any
 
 import frozen
 import pytest
 from rich.text import Text
+from textual import events
 from textual.binding import Binding
 from textual.widgets import Input, Sparkline, Static
 
@@ -21,10 +23,13 @@ from anatomy.vocabulary import Component
 from tui import format as fmt
 from tui.app import AnatomyTopApp
 from tui.widgets.anatomy_pane import AnatomyPane
+from tui.widgets.gpu_layout import COMPACT, FULL, short_name
 from tui.widgets.gpu_table import GpuTable
 from tui.widgets.header import MachineHeader, NvmlBanner
 from tui.widgets.key_bar import KeyBar, key_label
+from tui.widgets.layout import WIDE_FROM
 from tui.widgets.line_table import LineTable
+from tui.widgets.process_rows import SORT_KEYS, TRAINING_FIRST
 from tui.widgets.process_table import ProcessTable
 
 MakeApp = Callable[..., AnatomyTopApp]
@@ -57,13 +62,16 @@ async def test_first_poll_fills_gpu_and_process_tables(make_app: MakeApp) -> Non
         await app.wait_for_poll()
         await pilot.pause()
         machine = frozen.machine()
-        assert app.query_one(GpuTable).row_count == len(machine.gpus)
+        gpus = app.query_one(GpuTable)
+        # side by side: the full layout, two lines per GPU
+        assert gpus.mode == FULL and gpus.gpu_count == len(machine.gpus)
+        assert gpus.row_count == 2 * len(machine.gpus)
         # every NVML process plus the OOM process NVML no longer lists
         assert app.query_one(ProcessTable).row_count == len(machine.processes) + 1
-        gpu0 = app.query_one(GpuTable).get_row("gpu0")
-        assert _plain(gpu0[1]) == machine.gpus[0].name
+        first, second = _plain(gpus.get_row("gpu0")[0]), _plain(gpus.get_row("gpu0+")[0])
+        assert short_name(machine.gpus[0].name) in first and machine.gpus[0].bus_id in first
         expected_mem = fmt.fmt_bytes_pair(machine.gpus[0].memory_used, machine.gpus[0].memory_total)
-        assert _plain(gpu0[2]).endswith(expected_mem)
+        assert expected_mem in second
         assert app.errors == []
 
 
@@ -98,9 +106,10 @@ async def test_j_k_and_arrows_move_the_selection(make_app: MakeApp) -> None:
     async with app.run_test(size=(160, 50)) as pilot:
         await app.wait_for_poll()
         table = app.query_one(ProcessTable)
-        # the first poll puts the cursor on the first process that publishes its anatomy
-        first = next(i for i, k in enumerate(table.row_keys) if table.rows_by_key[k].publishes)
-        assert table.cursor_row == first > 0
+        # processes that publish their anatomy sort first, and the cursor starts on the first
+        assert table.rows_by_key[table.row_keys[0]].publishes and table.cursor_row == 0
+        await pilot.press("end")
+        assert table.cursor_row == table.row_count - 1
         await pilot.press("home")
         assert table.cursor_row == 0
         await pilot.press("j", "j", "down")
@@ -117,10 +126,17 @@ async def test_sort_cycles_columns_and_reverses(make_app: MakeApp) -> None:
         await app.wait_for_poll()
         table = app.query_one(ProcessTable)
         procs = frozen.machine().processes
-        by_gpu_mem = sorted(procs, key=lambda p: -(p.gpu_memory or 0))
-        assert [table.rows_by_key[k].pid for k in table.visible_keys][: len(procs)] == [
-            p.pid for p in by_gpu_mem
-        ]
+        publishing = {t.pid for t in frozen.training()}
+        # the default: processes that publish their anatomy first, each group by GPU memory
+        by_gpu_mem = sorted(procs, key=lambda p: (p.pid not in publishing, -(p.gpu_memory or 0)))
+        shown_first = [table.rows_by_key[k].pid for k in table.visible_keys]
+        assert [p for p in shown_first if p != frozen.OOM_PID] == [p.pid for p in by_gpu_mem]
+        assert all(p in publishing for p in shown_first[: len(publishing)])
+        assert "◆ first" in _static_text(app.query_one("#proc-bar", Static))
+        await pilot.press("s")  # GPU memory alone
+        assert table.sort_column == "gpu_memory"
+        plain_order = [table.rows_by_key[k].pid for k in table.visible_keys][: len(procs)]
+        assert plain_order == [p.pid for p in sorted(procs, key=lambda p: -(p.gpu_memory or 0))]
         await pilot.press("s")  # next column: CPU %
         assert table.sort_column == "cpu_percent"
         cpu = {p.pid: p.cpu_percent for p in procs}
@@ -131,9 +147,9 @@ async def test_sort_cycles_columns_and_reverses(make_app: MakeApp) -> None:
         shown_rev = [table.rows_by_key[k].pid for k in table.visible_keys]
         assert [cpu[p] for p in shown_rev] == sorted(cpu.values())
         assert "CPU% ▲" in _static_text(app.query_one("#proc-bar", Static))
-        for _ in range(7):  # a full cycle comes back to the first column
+        for _ in range(len(SORT_KEYS) - 2):  # a full cycle comes back to the first order
             await pilot.press("s")
-        assert table.sort_column == "gpu_memory"
+        assert table.sort_column == SORT_KEYS[0] == TRAINING_FIRST
 
 
 async def test_sort_keeps_the_cursor_on_the_selected_process(make_app: MakeApp) -> None:
@@ -317,7 +333,58 @@ async def test_every_key_in_the_help_screen_works(make_app: MakeApp) -> None:
             assert isinstance(app.screen, HelpScreen)
             await pilot.press("escape")
 
+        async def sideways() -> None:
+            # a process table wider than its pane: the arrows scroll it, and back
+            await pilot.resize_terminal(60, 20)
+            await pilot.pause()
+            assert table.virtual_size.width > table.scrollable_content_region.width
+            table.focus()
+            await pilot.press("right", "right")
+            assert table.scroll_offset.x > 0
+            await pilot.press("left", "left")
+            assert table.scroll_offset.x == 0
+            await pilot.resize_terminal(160, 50)
+            await pilot.pause()
+
+        async def wheel() -> None:
+            await pilot.resize_terminal(60, 20)
+            await pilot.pause()
+            before = table.scroll_offset
+            # the wheel, then Shift+wheel (Textual's own handling: shift turns it sideways)
+            table.post_message(events.MouseScrollDown(table, 5, 3, 0, 1, 0, False, False, False))
+            await pilot.pause()
+            assert table.scroll_offset.y > before.y and table.scroll_offset.x == before.x
+            table.post_message(events.MouseScrollDown(table, 5, 3, 0, 1, 0, True, False, False))
+            await pilot.pause()
+            assert table.scroll_offset.x > before.x
+            await pilot.resize_terminal(160, 50)
+            await pilot.pause()
+
+        async def click() -> None:
+            await pilot.click(ProcessTable, offset=(10, table.header_height + 2))
+            assert table.cursor_row == 2 + int(table.scroll_offset.y)
+            line = app.query_one(KeyBar).text
+            assert isinstance(line, Text)
+            await pilot.click(KeyBar, offset=(line.plain.index(" p  Pause") + 1, 0))
+            assert app.paused
+            await pilot.press("p")
+
+        async def layout() -> None:
+            gpus = app.query_one(GpuTable)
+            assert gpus.mode == FULL  # side by side
+            await pilot.press("f")
+            assert gpus.mode == COMPACT and gpus.row_count == gpus.gpu_count
+            await pilot.press("f")
+            assert gpus.mode == FULL and gpus.row_count == 2 * gpus.gpu_count
+
         async def quit_() -> None:
+            for key in ("q", "ctrl+q", "ctrl+c"):
+                other = make_app()
+                async with other.run_test(size=(80, 24)) as other_pilot:
+                    await other.wait_for_poll()
+                    await other_pilot.press(key)
+                    await other_pilot.pause()
+                    assert not other.is_running, key
             await pilot.press("q")
             await pilot.pause()
             assert not app.is_running
@@ -325,7 +392,11 @@ async def test_every_key_in_the_help_screen_works(make_app: MakeApp) -> None:
         checks = {
             "↑ ↓  j k": arrows,
             "PgUp PgDn Home End": pages,
+            "← →": sideways,
+            "wheel, Shift+wheel": wheel,
+            "click": click,
             "tab": tab,
+            "f": layout,
             "s": sort,
             "S": reverse,
             "/": slash,
@@ -336,7 +407,7 @@ async def test_every_key_in_the_help_screen_works(make_app: MakeApp) -> None:
             "-": minus,
             "x": dismiss,
             "?": help_,
-            "q": quit_,
+            "q  ctrl+q  ctrl+c": quit_,
         }
         assert [k for k, _ in KEYS] == list(checks)
         for keys, _ in KEYS:
@@ -427,9 +498,9 @@ async def test_big_box_renders_and_diffs_without_losing_the_cursor(make_app: Mak
     async with app.run_test(size=(160, 50)) as pilot:
         await app.wait_for_poll()
         table = app.query_one(ProcessTable)
-        assert app.query_one(GpuTable).row_count == 16
+        assert app.query_one(GpuTable).gpu_count == 16
         assert table.row_count == 300
-        await pilot.press("s", "s", "s", "s")  # sort by PID: a stable order to point at
+        await pilot.press(*"s" * SORT_KEYS.index("pid"))  # sort by PID: a stable order to point at
         assert table.sort_column == "pid"
         table.move_cursor(row=100)
         await pilot.pause()
@@ -468,7 +539,8 @@ async def test_oom_process_keeps_its_anatomy_marked_with_the_exception(
         await app.wait_for_poll()
         table = app.query_one(ProcessTable)
         oom_key = next(k for k, r in table.rows_by_key.items() if r.pid == frozen.OOM_PID)
-        assert _plain(table.get_cell(oom_key, "glyph")) == "OOM"
+        assert _plain(table.get_cell(oom_key, "glyph")) == "✖"
+        assert _plain(table.get_cell(oom_key, "command")).startswith("OOM ")
         await _select_pid(app, pilot, frozen.OOM_PID)
         alert = app.query_one("#anatomy-alert", Static)
         assert alert.display
@@ -558,7 +630,7 @@ async def test_resize_from_wide_to_60x20_keeps_key_widgets(make_app: MakeApp) ->
             await pilot.resize_terminal(width, height)
             await pilot.pause()
             assert app.errors == []
-            assert app.screen.has_class("-wide" if width >= 120 else "-narrow")
+            assert app.screen.has_class("-wide" if width >= WIDE_FROM else "-narrow")
             assert app.query_one("#header").region.height >= 2
             assert app.query_one(ProcessTable).region.height >= 3
             assert app.query_one(GpuTable).region.height >= 2
@@ -573,14 +645,28 @@ async def test_resize_from_wide_to_60x20_keeps_key_widgets(make_app: MakeApp) ->
         assert app.query_one(ProcessTable).region.height > 0 and app.query_one(AnatomyPane).region.width > 0
 
 
-async def test_prefetched_first_sample_is_shown_without_a_second_query(make_app: MakeApp) -> None:
-    source = frozen.FakeMachineSource()
-    app = make_app(machine=source)
-    app.prefetch()  # what run_app does before app.run(): NVML starts while Textual does
-    async with app.run_test(size=(120, 40)):
-        await app.wait_for_poll()
-        assert source.calls == 1
-        assert app.query_one(GpuTable).row_count == len(frozen.machine().gpus)
+async def test_a_snapshot_read_before_textual_is_shown_before_any_poll(make_app: MakeApp) -> None:
+    """The command line reads NVML before loading Textual (the start-up frame): the app's first frame
+    shows that snapshot while its own first poll is still under way."""
+    gate = threading.Event()
+
+    class Slow(frozen.FakeMachineSource):
+        def snapshot(self) -> Any:
+            gate.wait(10)
+            return super().snapshot()
+
+    machine = frozen.machine()
+    app = make_app(machine=Slow(), first_machine=machine)
+    try:
+        async with app.run_test(size=(160, 50)) as pilot:
+            await pilot.pause()
+            assert app.polls == 0
+            assert app.query_one(GpuTable).gpu_count == len(machine.gpus)
+            assert app.query_one(ProcessTable).row_count == len(machine.processes)
+            gate.set()
+            await app.wait_for_poll()
+    finally:
+        gate.set()
 
 
 def test_run_app_reports_a_failing_start_in_one_line(
@@ -590,7 +676,7 @@ def test_run_app_reports_a_failing_start_in_one_line(
     from tui.app import run_app
 
     class Broken:
-        def __init__(self) -> None:
+        def __init__(self, **kwargs: Any) -> None:
             raise OSError("no /proc here [bold]x[/]")
 
     monkeypatch.setattr(machine_module, "MachineSource", Broken)

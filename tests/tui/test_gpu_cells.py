@@ -6,6 +6,7 @@ import frozen
 
 from tui import format as fmt
 from tui.sources.model import GpuInfo
+from tui.widgets.gpu_layout import short_name
 from tui.widgets.gpu_table import COLUMN_KEYS, gpu_cells
 
 
@@ -17,7 +18,7 @@ def test_every_field_of_a_healthy_gpu_is_shown() -> None:
     gpu = frozen.gpu(3, used=20 * frozen.GiB, util=57)
     cells = _cells(gpu)
     assert cells["gpu"] == "3"
-    assert cells["name"] == gpu.name
+    assert cells["name"] == short_name(gpu.name) == "H100 80GB HBM3"  # the vendor is on every row
     assert cells["memory"].endswith(fmt.fmt_bytes_pair(gpu.memory_used, gpu.memory_total))
     assert cells["util"].endswith("57%")
     assert cells["temp"] == f"{gpu.temperature_c}C"

@@ -13,9 +13,10 @@ from textual.widgets import Sparkline, Static
 
 from tui import format as fmt
 from tui.sources.anatomy_source import TrainingProcess
-from tui.sources.reconcile import Reconciled, reconcile
+from tui.sources.reconcile import PER_PARAMETER, Reconciled, reconcile
 from tui.widgets.anatomy_text import (
     alert_text,
+    gpu_memory_line,
     op_group_cells,
     op_groups_label,
     rank_cells,
@@ -24,7 +25,7 @@ from tui.widgets.anatomy_text import (
     timing_text,
     title_text,
 )
-from tui.widgets.bars import COMPONENT_STYLES, FULL
+from tui.widgets.bars import component_mark
 from tui.widgets.line_table import LineTable
 from tui.widgets.stacked_bar import StackedBar
 from tui.widgets.text_static import TextStatic
@@ -53,6 +54,7 @@ RANK_COLUMNS: tuple[tuple[str, str], ...] = (
     ("state", "State"),
 )
 
+WAITING_HINT = "\n\nThe pane fills in at its first measured step: memory by component, step time, op groups."
 EMPTY_HINT = (
     "No training process publishes its anatomy.\n\n"
     "In the training script:\n"
@@ -63,15 +65,17 @@ EMPTY_HINT = (
 )
 
 
-def component_cells(rec: Reconciled) -> dict[str, tuple[Text, ...]]:
+def component_cells(rec: Reconciled, plain: bool = False) -> dict[str, tuple[Text, ...]]:
     """Row key -> cells in COMPONENT_COLUMNS order. Without an at-peak split (an older hook) the rows
-    are each component's own maximum: they go to the Max column and the At peak column shows a dash."""
+    are each component's own maximum: they go to the Max column and the At peak column shows a dash.
+    ``plain``: no colour, each row marked with the letter that draws it in the bar."""
     rows: dict[str, tuple[Text, ...]] = {}
     for row in rec.rows:
         measured = row.bytes is not None
         peak_cell = fmt.fmt_bytes(row.bytes, fmt.UNMEASURED) if rec.at_peak else "—"
+        per_param = row.component in PER_PARAMETER
         rows[row.component.value] = (
-            Text.assemble((FULL, COMPONENT_STYLES[row.component]), " ", row.component.label),
+            Text.assemble(component_mark(row.component, plain), " ", row.component.label),
             Text(peak_cell, justify="right", style="" if measured and rec.at_peak else "bright_black"),
             Text(fmt.fmt_share(row.share, na="") if measured else "", justify="right"),
             Text(
@@ -80,7 +84,9 @@ def component_cells(rec: Reconciled) -> dict[str, tuple[Text, ...]]:
                 style="" if row.max_bytes is not None else "bright_black",
             ),
             Text(
-                fmt.fmt_bytes_per_param(row.bytes_per_param, "" if row.max_bytes is None else fmt.NA),
+                fmt.fmt_bytes_per_param(
+                    row.bytes_per_param, "" if row.max_bytes is None or not per_param else fmt.NA
+                ),
                 justify="right",
             ),
             Text(
@@ -106,21 +112,31 @@ class AnatomyPane(VerticalScroll):
         self.process: TrainingProcess | None = None
         self.reconciled: Reconciled | None = None
         self.hint: str | None = None
+        # Set by the app while a training job it knows of is starting: said instead of the how-to.
+        self.waiting_for: str | None = None
+
+    @property
+    def plain(self) -> bool:
+        return bool(getattr(getattr(self.app, "caps", None), "plain", False))
 
     def _update(self, selector: str, content: Text | str) -> None:
         self.query_one(selector, TextStatic).show_text(content)
 
     def compose(self) -> ComposeResult:
-        yield Static(Text(EMPTY_HINT), id="anatomy-empty")
+        yield TextStatic(Text(EMPTY_HINT), id="anatomy-empty")
         with Vertical(id="anatomy-body"):
             yield TextStatic(id="anatomy-hint")
             yield TextStatic(id="anatomy-title")
             yield TextStatic(id="anatomy-alert")
             yield StackedBar(id="anatomy-bar")
             yield _table(
-                COMPONENT_COLUMNS, ("bytes", "share", "max", "bpp", "expected"), id="anatomy-components"
+                COMPONENT_COLUMNS,
+                ("bytes", "share", "max", "bpp", "expected"),
+                id="anatomy-components",
+                gap=1,  # six columns in the pane's 74 cells side by side at 160 columns
             )
             yield TextStatic(id="anatomy-reconcile")
+            yield TextStatic(id="anatomy-gpu-memory")
             yield Static(Text("Step time", style="bold"), classes="section")
             yield TextStatic(id="anatomy-timing")
             yield TextStatic(id="anatomy-opgroups-label", classes="section")
@@ -155,6 +171,12 @@ class AnatomyPane(VerticalScroll):
         self.set_class(process is None, "-empty")
         if process is None:
             self.reconciled = None
+            if self.waiting_for is not None:
+                waiting = Text(self.waiting_for, style="bold")
+                waiting.append(WAITING_HINT, style="bright_black")
+                self._update("#anatomy-empty", waiting)
+            else:
+                self._update("#anatomy-empty", Text(EMPTY_HINT))
             return
         snap = process.snapshot
         hint_widget = self.query_one("#anatomy-hint", TextStatic)
@@ -171,7 +193,7 @@ class AnatomyPane(VerticalScroll):
         self.reconciled = rec
         bar = self.query_one(StackedBar)
         bar.set_segments([(r.component, r.bytes or 0) for r in rec.rows] if rec is not None else [])
-        cells = component_cells(rec) if rec is not None else {}
+        cells = component_cells(rec, self.plain) if rec is not None else {}
         self.query_one("#anatomy-components", LineTable).set_rows(list(cells.items()))
         self._update(
             "#anatomy-reconcile",
@@ -179,6 +201,14 @@ class AnatomyPane(VerticalScroll):
             if rec is not None
             else Text("no snapshot yet", style="bright_black"),
         )
+        gpu_line = (
+            gpu_memory_line(rec, nvml_bytes, process.hello.device if process.hello is not None else None)
+            if rec is not None
+            else None
+        )
+        gpu_widget = self.query_one("#anatomy-gpu-memory", TextStatic)
+        gpu_widget.display = gpu_line is not None
+        self._update("#anatomy-gpu-memory", gpu_line if gpu_line is not None else "")
         self._update("#anatomy-timing", timing_text(snap))
         groups = op_group_cells(snap)
         opgroups = self.query_one("#anatomy-opgroups", LineTable)
@@ -198,7 +228,8 @@ class AnatomyPane(VerticalScroll):
     def _history(self, process: TrainingProcess) -> None:
         memory = [float(v) for v in process.memory_history]
         steps = [float(v) for v in process.step_time_history]
-        mem_label = Text("Memory ", style="bold")
+        # The step's peak, as in the table's total line (tui.sources.anatomy_source.measured_total).
+        mem_label = Text("Peak ", style="bold")
         mem_label.append(fmt.fmt_bytes(memory[-1] if memory else None), style="bright_black")
         step_label = Text("Step time ", style="bold")
         step_label.append(fmt.fmt_seconds(steps[-1] if steps else None), style="bright_black")

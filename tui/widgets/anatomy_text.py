@@ -78,6 +78,23 @@ def alert_text(process: TrainingProcess) -> Text | None:
     return None
 
 
+def gpu_memory_line(rec: Reconciled, nvml_bytes: int | None, device: str | None) -> Text | None:
+    """One line on why NVML's GPU memory for the process differs from the anatomy's peak."""
+    if nvml_bytes is None:
+        return None
+    if not rec.on_cuda:
+        return Text(
+            f"GPU MEM {fmt.fmt_bytes(nvml_bytes)} (NVML) is not in these rows: the job trains on "
+            f"{device or 'the CPU'}",
+            style="bright_black",
+        )
+    if rec.total_source == TOTAL_NVML:
+        return Text(
+            "NVML counts the whole process: CUDA context, allocator cache, tensors", style="bright_black"
+        )
+    return None
+
+
 def reconcile_note(rec: Reconciled, step: int | None = None) -> Text:
     text = Text()
     if rec.at_peak:
@@ -88,7 +105,9 @@ def reconcile_note(rec: Reconciled, step: int | None = None) -> Text:
             text.append(sep + " ✓", style="green")
         text.append(rest, style="bright_black")
         if rec.reconciles and rec.total_source == TOTAL_PEAK and not rec.on_cuda:
-            text.append("\nglibc heap in use at the step's peak", style="bright_black")
+            text.append(
+                "\nglibc heap in use at the peak: all the process malloc'd, not freed", style="bright_black"
+            )
         elif not rec.reconciles and rec.note:
             text.append("\n")
             text.append(Text(rec.note, style="yellow"))
@@ -178,8 +197,10 @@ def suggestion_text(suggestions: Sequence[Suggestion]) -> Text:
         text.append(f"{i}. ", style="bold")
         text.append(Text(s.title, style="bold"))
         if s.saving_bytes is not None:
+            # The saving of a technique not yet applied is an estimate; a measured one (a leak) is not.
+            about = "" if s.source == Source.MEASURED.value else "~"
             text.append(" — saves ", style="bright_black")
-            text.append(fmt.fmt_bytes(s.saving_bytes), style="green")
+            text.append(f"{about}{fmt.fmt_bytes(s.saving_bytes)}", style="green")
         if s.speed_factor is not None:
             text.append(f" · ×{s.speed_factor:.2f} speed", style="bright_black")
         text.append(" · ", style="bright_black")

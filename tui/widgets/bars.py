@@ -1,6 +1,8 @@
-"""Block-character meters and the colour of each memory component.
+"""Block-character meters and the colour (and, without colour, the letter) of each memory component.
 
-Colours are named ANSI colours so they survive 256-colour terminals and tmux; no gradients.
+Colours are named ANSI colours so they survive 256-colour terminals and tmux; no gradients. Without
+colour (NO_COLOR, TERM=dumb) the stacked memory bar draws each component with its own letter, the same
+letter that marks its row in the table, so the bar still reads.
 """
 
 from __future__ import annotations
@@ -18,14 +20,39 @@ _EIGHTHS = " ▏▎▍▌▋▊▉"
 COMPONENT_STYLES: dict[Component, str] = {
     Component.CUDA_CONTEXT: "bright_black",
     Component.ALLOCATOR_CACHE: "white",
+    Component.RUNTIME: "bright_black",
     Component.WEIGHTS: "blue",
+    Component.UNSHARDED_PARAMETERS: "bright_blue",
     Component.OPTIMIZER_STATES: "magenta",
     Component.GRADIENTS: "yellow",
     Component.ACTIVATIONS: "green",
+    Component.INPUTS: "bright_green",
+    Component.COMMUNICATION_BUFFERS: "bright_cyan",
     Component.TEMPORARIES: "cyan",
     # Grey, not red: unattributed memory is not an alarm, and red means "full" in the GPU bars.
     Component.UNATTRIBUTED: "grey58",
 }
+COMPONENT_LETTERS: dict[Component, str] = {
+    Component.CUDA_CONTEXT: "C",
+    Component.ALLOCATOR_CACHE: "K",
+    Component.RUNTIME: "R",
+    Component.WEIGHTS: "W",
+    Component.UNSHARDED_PARAMETERS: "P",
+    Component.OPTIMIZER_STATES: "O",
+    Component.GRADIENTS: "G",
+    Component.ACTIVATIONS: "A",
+    Component.INPUTS: "I",
+    Component.COMMUNICATION_BUFFERS: "B",
+    Component.TEMPORARIES: "T",
+    Component.UNATTRIBUTED: "U",
+}
+
+
+def component_mark(component: Component, plain: bool) -> tuple[str, str]:
+    """(character, style) that stands for ``component`` in the bar and the table."""
+    if plain:
+        return COMPONENT_LETTERS[component], "bold"
+    return FULL, COMPONENT_STYLES[component]
 
 
 def level_style(fraction: float) -> str:

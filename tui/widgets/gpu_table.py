@@ -1,86 +1,109 @@
-"""The GPU table: every field of nvidia-smi's default view, with memory and utilisation meters."""
+"""The GPU table: every field of nvidia-smi's default view, in one of two layouts (``f`` switches):
+``full``, two lines per GPU fitted to the pane, nothing hidden; ``compact``, one line per GPU, the most
+looked-at fields first and the rest a sideways scroll away. See tui.widgets.gpu_layout."""
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 from typing import Any
 
-from rich.text import Text
-
-from tui import format as fmt
 from tui.sources.model import GpuInfo
-from tui.widgets.bars import meter
+from tui.widgets.gpu_layout import (
+    COLUMN_KEYS,
+    COMPACT,
+    COMPACT_COLUMNS,
+    COMPACT_JUSTIFY,
+    FULL,
+    CompactLayout,
+    FullLayout,
+    compact_layout,
+    full_header,
+    full_layout,
+    full_lines,
+    gpu_cells,
+    layout_key,
+)
 from tui.widgets.line_table import LineTable
 
-METER_WIDTH = 8
+__all__ = ["COLUMN_KEYS", "COMPACT", "FULL", "GpuTable", "gpu_cells"]
 
-COLUMNS: tuple[tuple[str, str], ...] = (
-    ("gpu", "GPU"),
-    ("name", "Name"),
-    ("memory", "Memory-Usage"),
-    ("util", "GPU-Util"),
-    ("mem_util", "Mem-Util"),
-    ("temp", "Temp"),
-    ("power", "Pwr:Usage/Cap"),
-    ("fan", "Fan"),
-    ("perf", "Perf"),
-    ("ecc", "Uncorr. ECC"),
-    ("persistence", "Persist-M"),
-    ("display", "Disp.A"),
-    ("bus", "Bus-Id"),
-    ("compute", "Compute M."),
-    ("mig", "MIG M."),
-)
-COLUMN_KEYS: tuple[str, ...] = tuple(k for k, _ in COLUMNS)
-_JUSTIFY = {"gpu": "right", "mem_util": "right", "temp": "right", "power": "right", "fan": "right"}
-
-
-def _na(value: str) -> Text:
-    return Text(value, style="bright_black") if value == fmt.NA else Text(value)
-
-
-def gpu_cells(gpu: GpuInfo) -> tuple[Text, ...]:
-    if gpu.lost:
-        lost = Text("GPU lost", style="bold red")
-        if gpu.error:
-            lost.append(": ")
-            lost.append(Text(gpu.error))
-        return (Text(str(gpu.index)), lost, *(Text("") for _ in COLUMNS[2:]))
-    fraction = None
-    if gpu.memory_used is not None and gpu.memory_total:
-        fraction = gpu.memory_used / gpu.memory_total
-    memory = meter(fraction, METER_WIDTH)
-    memory.append(" ")
-    memory.append(fmt.fmt_bytes_pair(gpu.memory_used, gpu.memory_total))
-    util = meter(None if gpu.gpu_util is None else gpu.gpu_util / 100.0, METER_WIDTH)
-    util.append(f" {fmt.fmt_percent(gpu.gpu_util):>4}")
-    perf = fmt.NA if gpu.performance_state is None else f"P{gpu.performance_state}"
-    return (
-        Text(str(gpu.index)),
-        Text(gpu.name or fmt.NA),
-        memory,
-        util,
-        _na(fmt.fmt_percent(gpu.memory_util)),
-        _na(fmt.fmt_temp(gpu.temperature_c)),
-        Text(fmt.fmt_power(gpu.power_w, gpu.power_limit_w)),
-        _na(fmt.fmt_percent(gpu.fan_percent)),
-        _na(perf),
-        _na(fmt.NA if gpu.ecc_volatile_uncorrected is None else str(gpu.ecc_volatile_uncorrected)),
-        _na(fmt.fmt_bool(gpu.persistence_mode)),
-        _na(fmt.fmt_bool(gpu.display_active)),
-        _na(gpu.bus_id or fmt.NA),
-        _na(gpu.compute_mode or fmt.NA),
-        _na(fmt.fmt_bool(gpu.mig_mode, yes="Enabled", no="Disabled")),
-    )
+_COMPACT = [(key, label, COMPACT_JUSTIFY.get(key, "left")) for key, label in COMPACT_COLUMNS]
 
 
 class GpuTable(LineTable):
     DEFAULT_CSS = """
-    GpuTable { height: auto; max-height: 18; }
+    GpuTable { height: auto; max-height: 18; scrollbar-size-vertical: 1; }
     """
 
-    def __init__(self, **kwargs: Any) -> None:
-        super().__init__([(key, label, _JUSTIFY.get(key, "left")) for key, label in COLUMNS], **kwargs)
+    def __init__(self, mode: str = COMPACT, **kwargs: Any) -> None:
+        super().__init__(_COMPACT, **kwargs)
+        self.mode = COMPACT
+        self._gpus: tuple[GpuInfo, ...] = ()
+        self._layout: tuple[tuple[object, ...], FullLayout | CompactLayout] | None = None
+        self.set_mode(mode)
+
+    @property
+    def gpu_count(self) -> int:
+        return len(self._gpus)
+
+    def set_mode(self, mode: str) -> None:
+        if mode not in (FULL, COMPACT):
+            raise ValueError(f"unknown GPU table mode {mode!r}")
+        if mode == self.mode and self.columns:
+            return
+        self.mode = mode
+        self._layout = None
+        self.show(self._gpus)
 
     def show(self, gpus: Sequence[GpuInfo]) -> None:
-        self.set_rows([(f"gpu{g.index}", gpu_cells(g)) for g in sorted(gpus, key=lambda g: g.index)])
+        self._gpus = tuple(sorted(gpus, key=lambda g: g.index))
+        if not self.is_mounted:
+            return  # fitted to the width it gets: drawn at mount
+        if self.mode == COMPACT:
+            compact = self._compact_layout()
+            n = compact.columns
+            self.set_rows([(f"gpu{g.index}", gpu_cells(g, compact.meter_width)[:n]) for g in self._gpus])
+            return
+        layout = self._full_layout()
+        rows = []
+        for g in self._gpus:
+            first, second = full_lines(g, layout)
+            rows.append((f"gpu{g.index}", (first,)))
+            rows.append((f"gpu{g.index}+", (second,)))
+        self.set_rows(rows)
+
+    def _width(self) -> int:
+        # The room beside a vertical scrollbar, whether or not one shows yet: a layout fitted to the
+        # width without it would be cut when it appears (a scrollbar is no resize).
+        width = self.region.width or self.app.size.width
+        return max(0, width - self.styles.scrollbar_size_vertical)
+
+    def _compact_layout(self) -> CompactLayout:
+        key = (COMPACT, *layout_key(self._gpus, self._width()))
+        if self._layout is None or self._layout[0] != key:
+            layout = compact_layout(self._gpus, self._width())
+            columns = _COMPACT[: layout.columns]
+            if list(self.columns) != columns:
+                self.set_columns(columns)
+            self._layout = (key, layout)
+        assert isinstance(self._layout[1], CompactLayout)
+        return self._layout[1]
+
+    def _full_layout(self) -> FullLayout:
+        key = (FULL, *layout_key(self._gpus, self._width()))
+        if self._layout is None or self._layout[0] != key:
+            layout = full_layout(self._gpus, self._width())
+            header = full_header(layout)
+            if self.columns != (("line", header, "left"),):
+                self.set_columns([("line", header, "left")])
+            self._layout = (key, layout)
+        assert isinstance(self._layout[1], FullLayout)
+        return self._layout[1]
+
+    def on_mount(self) -> None:
+        self.show(self._gpus)
+
+    def on_resize(self) -> None:
+        super().on_resize()
+        if self._gpus:
+            self.show(self._gpus)

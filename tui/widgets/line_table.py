@@ -8,12 +8,14 @@ the GPU table moved to this widget, less again with the process table). Rows are
 ``set_rows`` diffs by key, keeps the cursor on its row, and never clears.
 
 Cells are ``rich.text.Text`` (never parsed as markup). With ``cursor=True`` the table is focusable,
-has a row cursor (arrows, page keys, home/end, mouse click) and posts ``CursorMoved``.
+has a row cursor (arrows, page keys, home/end, mouse click) and posts ``CursorMoved``. A column label
+with line breaks makes a header of several lines. One column may be ``flex``: it gets the width the
+others leave, and its longer cells are shortened by ``elide`` (a command line keeps its start and end).
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any, ClassVar
 
 from rich.segment import Segment
@@ -28,6 +30,18 @@ from textual.strip import Strip
 
 GAP = 2  # spaces between columns
 _HEADER_KEY = "\0header"  # the header's key in the cell cache (row keys are never NUL-prefixed)
+FLEX_MIN = 12  # a flex column never gets fewer cells than this (the table scrolls sideways instead)
+Columns = Sequence[tuple[str, str, str]]
+
+
+def elide_end(text: Text, width: int) -> Text:
+    """``text`` cut to ``width`` cells, an ellipsis in the last cell."""
+    if text.cell_len <= width:
+        return text
+    cut = text.copy()
+    cut.truncate(max(0, width - 1))
+    cut.append("…")
+    return cut
 
 
 def same_text(a: Text | str | None, b: Text | str | None) -> bool:
@@ -81,24 +95,49 @@ class LineTable(ScrollView):
             return self.table
 
     def __init__(
-        self, columns: Sequence[tuple[str, str, str]], *, cursor: bool = False, **kwargs: Any
+        self,
+        columns: Columns,
+        *,
+        cursor: bool = False,
+        gap: int = GAP,
+        flex: str | None = None,
+        elide: Callable[[Text, int], Text] = elide_end,
+        **kwargs: Any,
     ) -> None:
         super().__init__(**kwargs)
         self.can_focus = cursor
         self.show_cursor = cursor
-        self.columns = tuple(columns)
-        self._column_index = {key: i for i, (key, _, _) in enumerate(self.columns)}
+        self.gap = gap
+        self._elide = elide
         self.row_keys: list[str] = []
         self._row_index: dict[str, int] = {}
         self._cells: dict[str, tuple[Text, ...]] = {}
         self._strips: dict[str, Strip] = {}
-        self._header: Strip | None = None
-        self._widths = [Text(label).cell_len for _, label, _ in self.columns]
+        self._header: list[Strip] | None = None
+        self._set_columns(columns, flex)
         self.cursor_row = 0
         self._announced: str | None = None
         self._style_cache: tuple[Style, Style, Style] | None = None
         self._cell_cache: dict[tuple[str, int], tuple[Text, int, list[Segment]]] = {}
         self._lens: dict[str, tuple[tuple[Text, ...], list[int]]] = {}  # per row: its cells' widths
+
+    def _set_columns(self, columns: Columns, flex: str | None) -> None:
+        self.columns = tuple(columns)
+        self._column_index = {key: i for i, (key, _, _) in enumerate(self.columns)}
+        self._flex = self._column_index.get(flex) if flex is not None else None
+        self._labels = [Text(label).split("\n", allow_blank=True) for _, label, _ in self.columns]
+        self.header_height = max((len(lines) for lines in self._labels), default=1)
+        self._label_widths = [max(line.cell_len for line in lines) for lines in self._labels]
+        self._widths = list(self._label_widths)
+        self._natural = list(self._label_widths)
+
+    def set_columns(self, columns: Columns, flex: str | None = None) -> None:
+        """Other columns (another layout of the same data): the rows are cleared; call ``set_rows``."""
+        self._set_columns(columns, flex)
+        self.row_keys, self._row_index, self._cells, self._lens = [], {}, {}, {}
+        self._restyle()
+        self.virtual_size = Size(0, self.header_height)
+        self.refresh(layout=True)
 
     # -- data ------------------------------------------------------------------------------------
 
@@ -130,7 +169,7 @@ class LineTable(ScrollView):
         selected = self.cursor_key
         keys = [k for k, _ in rows]
         new_cells = {k: tuple(cells) for k, cells in rows}
-        widths = [Text(label).cell_len for _, label, _ in self.columns]
+        widths = list(self._label_widths)
         lens_cache = self._lens
         self._lens = {}
         for key, cells in new_cells.items():
@@ -141,6 +180,8 @@ class LineTable(ScrollView):
             for i, n in enumerate(lens[1]):
                 if n > widths[i]:
                     widths[i] = n
+        self._natural = list(widths)
+        widths = self._fit(widths)
         structural = keys != self.row_keys or widths != self._widths
         changed: list[tuple[int, int, int]] = []  # (row index, first changed column, last changed column)
         for index, key in enumerate(keys):
@@ -167,31 +208,47 @@ class LineTable(ScrollView):
         if structural:
             self._strips.clear()
             self._header = None
-            total = sum(widths) + GAP * max(0, len(widths) - 1) + 2
-            self.virtual_size = Size(total, len(keys) + 1)
+            self.virtual_size = Size(self._line_width(widths), len(keys) + self.header_height)
             self.refresh(layout=True)
         elif changed:
             self._refresh_cells(changed)
         self._announce()
 
+    def _line_width(self, widths: Sequence[int]) -> int:
+        return sum(widths) + self.gap * max(0, len(widths) - 1) + 2
+
+    def _fit(self, widths: list[int]) -> list[int]:
+        """The flex column takes what the others leave of the visible width (never under FLEX_MIN, never
+        more than its widest cell)."""
+        if self._flex is None:
+            return widths
+        room = self.scrollable_content_region.width or self.size.width
+        if room <= 0:
+            return widths
+        others = self._line_width(widths) - widths[self._flex]
+        fitted = list(widths)
+        fitted[self._flex] = max(min(FLEX_MIN, widths[self._flex]), min(widths[self._flex], room - others))
+        return fitted
+
     def _column_x(self, column: int) -> int:
-        """The first cell of ``column`` in the unscrolled line (a space, then columns GAP apart)."""
-        return 1 + sum(self._widths[:column]) + GAP * column
+        """The first cell of ``column`` in the unscrolled line (a space, then columns ``gap`` apart)."""
+        return 1 + sum(self._widths[:column]) + self.gap * column
 
     def _refresh_cells(self, changed: Sequence[tuple[int, int, int]]) -> None:
         scroll_x, scroll_y = (int(v) for v in self.scroll_offset)
         height = self.size.height
+        top = self.header_height
         for index, first, last in changed:
-            y = index + 1 - scroll_y  # the widget's line: the header is line 0 and stays put
-            if 1 <= y < height:
+            y = index + top - scroll_y  # the widget's line: the header's lines stay put
+            if top <= y < height:
                 x0 = self._column_x(first) - scroll_x
                 x1 = self._column_x(last) + self._widths[last] - scroll_x
                 if x1 > 0:
                     self.refresh(Region(max(0, x0), y, x1 - max(0, x0), 1))
 
     def _refresh_row(self, index: int) -> None:
-        y = index + 1 - int(self.scroll_offset.y)
-        if 1 <= y < self.size.height:
+        y = index + self.header_height - int(self.scroll_offset.y)
+        if self.header_height <= y < self.size.height:
             self.refresh(Region(0, y, self.size.width, 1))
 
     # -- cursor ------------------------------------------------------------------------------------
@@ -215,7 +272,7 @@ class LineTable(ScrollView):
             self.post_message(self.CursorMoved(self, key))
 
     def _visible_rows(self) -> int:
-        return max(1, self.scrollable_content_region.height - 1)
+        return max(1, self.scrollable_content_region.height - self.header_height)
 
     def _scroll_to_cursor(self) -> None:
         top = int(self.scroll_offset.y)
@@ -246,8 +303,8 @@ class LineTable(ScrollView):
     def on_click(self, event: events.Click) -> None:
         if not self.show_cursor:
             return
-        row = int(self.scroll_offset.y) + event.y - 1
-        if 0 <= row < len(self.row_keys) and event.y >= 1:
+        row = int(self.scroll_offset.y) + event.y - self.header_height
+        if 0 <= row < len(self.row_keys) and event.y >= self.header_height:
             self.focus()
             self.move_cursor(row, scroll=False)
 
@@ -259,6 +316,9 @@ class LineTable(ScrollView):
         cached = self._cell_cache.get((key, column))
         if cached is not None and cached[1] == width and same_text(cached[0], cell):
             return cached[2]
+        original = cell
+        if cell.cell_len > width and column == self._flex:
+            cell = self._elide(cell, width)
         pad = " " * max(0, width - cell.cell_len)
         # append_text turns the cell's base style into a span: Text.render alone would drop it.
         text = Text(end="")
@@ -269,14 +329,14 @@ class LineTable(ScrollView):
             text.append_text(cell)
             text.append(pad)
         segments = list(text.render(self.app.console, end=""))
-        self._cell_cache[(key, column)] = (cell, width, segments)
+        self._cell_cache[(key, column)] = (original, width, segments)
         return segments
 
     def _render_cells(self, key: str, cells: Sequence[Text], base: Style) -> Strip:
         segments: list[Segment] = [Segment(" ")]
         for i, (cell, width) in enumerate(zip(cells, self._widths, strict=False)):
             if i:
-                segments.append(Segment(" " * GAP))
+                segments.append(Segment(" " * self.gap))
             segments.extend(self._cell_segments(key, i, cell, width))
         return Strip(Segment.apply_style(segments, base))
 
@@ -295,12 +355,18 @@ class LineTable(ScrollView):
         scroll_x, scroll_y = self.scroll_offset
         width = self.size.width
         base, header_style, cursor_style = self._styles()
-        if y == 0:
+        if y < self.header_height:
             if self._header is None:
-                labels = [Text(label) for _, label, _ in self.columns]
-                self._header = self._render_cells(_HEADER_KEY, labels, header_style)
-            return self._header.crop_extend(scroll_x, scroll_x + width, header_style)
-        index = int(scroll_y) + y - 1
+                self._header = [
+                    self._render_cells(
+                        f"{_HEADER_KEY}{line}",
+                        [lines[line] if line < len(lines) else Text() for lines in self._labels],
+                        header_style,
+                    )
+                    for line in range(self.header_height)
+                ]
+            return self._header[y].crop_extend(scroll_x, scroll_x + width, header_style)
+        index = int(scroll_y) + y - self.header_height
         if index >= len(self.row_keys):
             return Strip.blank(width, base)
         key = self.row_keys[index]
@@ -330,3 +396,14 @@ class LineTable(ScrollView):
     def on_blur(self) -> None:
         self._restyle()
         self.refresh()
+
+    def on_resize(self) -> None:
+        if self._flex is None:
+            return
+        widths = self._fit(list(self._natural))
+        if widths != self._widths:
+            self._widths = widths
+            self._strips.clear()
+            self._header = None
+            self.virtual_size = Size(self._line_width(widths), len(self.row_keys) + self.header_height)
+            self.refresh()

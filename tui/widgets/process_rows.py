@@ -4,6 +4,7 @@ sorting and filtering. Pure functions, no Textual, so they are cheap to test."""
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -39,7 +40,11 @@ class SortColumn:
     label: str
 
 
+# The first is the default: processes that publish their anatomy (the training jobs) first, then by GPU
+# memory, so a training job is on screen even in an 80x24 pane full of inference servers.
+TRAINING_FIRST = "training_first"
 SORT_COLUMNS: tuple[SortColumn, ...] = (
+    SortColumn(TRAINING_FIRST, "◆ first, GPU MEM"),
     SortColumn("gpu_memory", "GPU MEM"),
     SortColumn("cpu_percent", "CPU%"),
     SortColumn("host_rss", "HOST MEM"),
@@ -52,6 +57,8 @@ SORT_COLUMNS: tuple[SortColumn, ...] = (
 SORT_KEYS: tuple[str, ...] = tuple(c.key for c in SORT_COLUMNS)
 # Numbers read best largest first; names alphabetically.
 _DESCENDING_BY_DEFAULT = {"gpu_memory", "cpu_percent", "host_rss", "running_time_s"}
+# Interpreters and launchers whose first argument is the program a reader wants to see.
+LAUNCHERS = ("python", "pypy", "torchrun", "accelerate", "deepspeed", "bash", "sh", "node", "ruby", "perl")
 
 
 def row_key(gpu_index: int | None, pid: int) -> str:
@@ -127,7 +134,12 @@ def filter_rows(rows: Iterable[ProcessRow], needle: str) -> list[ProcessRow]:
 
 
 def sort_rows(rows: Iterable[ProcessRow], column: str, reverse: bool = False) -> list[ProcessRow]:
-    """Sort by ``column``; N/A values go last whatever the direction; ties by GPU then PID."""
+    """Sort by ``column``; N/A values go last whatever the direction; ties by GPU then PID. The
+    training-first order puts publishing processes first, each group by GPU memory."""
+    if column == TRAINING_FIRST:
+        rows = list(rows)
+        publishing = sort_rows([r for r in rows if r.publishes], "gpu_memory", reverse)
+        return publishing + sort_rows([r for r in rows if not r.publishes], "gpu_memory", reverse)
     descending = (column in _DESCENDING_BY_DEFAULT) != reverse
     present = [r for r in rows if getattr(r, column) is not None]
     missing = [r for r in rows if getattr(r, column) is None]
@@ -139,6 +151,35 @@ def sort_rows(rows: Iterable[ProcessRow], column: str, reverse: bool = False) ->
     present.sort(key=lambda r: _sortable(getattr(r, column)), reverse=descending)
     missing.sort(key=tie)
     return present + missing
+
+
+_PATH = re.compile(r"^(?:~|\.{1,2}|[\w.+-]+)?(?:/[^/\s]+)+$")
+
+
+def _basename(word: str) -> str:
+    """The last part of a path (``/opt/venv/bin/python``, ``.venv/bin/python``, ``./train.py``); any
+    other word as it is (``[/]`` is not a path)."""
+    return word.rsplit("/", 1)[-1] if _PATH.match(word) else word
+
+
+def readable_command(command: str | None) -> str | None:
+    """A command line as a reader wants it in a narrow column: programs by their name, not their path
+    (``/opt/venv/bin/python /home/a/proj/train.py --lr 3e-4`` -> ``python train.py --lr 3e-4``);
+    options and their values as they are."""
+    if not command:
+        return command
+    words = command.split(" ")
+    words[0] = _basename(words[0])
+    if words[0].startswith(LAUNCHERS):
+        for i in range(1, len(words)):
+            word = words[i]
+            if not word or word.startswith("-"):
+                if word in ("-m", "-c"):
+                    break  # a module name or code follows, never a path
+                continue
+            words[i] = _basename(word)
+            break
+    return " ".join(words)
 
 
 def _sortable(value: Any) -> Any:

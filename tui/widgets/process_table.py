@@ -7,102 +7,30 @@ from typing import Any
 
 from rich.text import Text
 
-from tui import format as fmt
 from tui.widgets.line_table import LineTable
-from tui.widgets.process_rows import (
-    SORT_COLUMNS,
-    SORT_KEYS,
-    ProcessRow,
-    filter_rows,
-    sort_rows,
+from tui.widgets.process_cells import (
+    ANATOMY_GLYPH,
+    COLUMN_KEYS,
+    COLUMNS,
+    GAP,
+    JUSTIFY,
+    cells_of,
+    elide_middle,
+    glyph_for,
+    process_cells,
+    shown_values,
 )
+from tui.widgets.process_rows import SORT_COLUMNS, SORT_KEYS, ProcessRow, filter_rows, sort_rows
 
-COLUMNS: tuple[tuple[str, str], ...] = (
-    ("glyph", " "),
-    ("gpu", "GPU"),
-    ("pid", "PID"),
-    ("user", "USER"),
-    ("type", "TYPE"),
-    ("gpu_memory", "GPU MEM"),
-    ("cpu", "CPU%"),
-    ("host_mem", "HOST MEM"),
-    ("time", "TIME"),
-    ("command", "COMMAND"),
-)
-COLUMN_KEYS: tuple[str, ...] = tuple(k for k, _ in COLUMNS)
-_JUSTIFY = {
-    "gpu": "right",
-    "pid": "right",
-    "gpu_memory": "right",
-    "cpu": "right",
-    "host_mem": "right",
-    "time": "right",
-}
-COMMAND_WIDTH = 72
-ANATOMY_GLYPH = "◆"
-
-_GLYPHS: dict[str, tuple[str, str]] = {
-    "live": (ANATOMY_GLYPH, "bold green"),
-    "oom": ("OOM", "bold reverse red"),
-    "exited": ("◇", "bright_black"),
-    "error": ("!", "bold yellow"),
-}
-
-
-def _right(value: str) -> Text:
-    return Text(value, justify="right", style="bright_black" if value == fmt.NA else "")
-
-
-def glyph_for(state: str | None) -> Text:
-    if state is None:
-        return Text("")
-    glyph, style = _GLYPHS.get(state, (ANATOMY_GLYPH, "green"))
-    return Text(glyph, style=style)
-
-
-def _shown_values(row: ProcessRow) -> tuple[object, ...]:
-    """What the row's cells show, as plain values: rows with equal values have equal cells (running
-    time and CPU % move every refresh in the row, rarely on screen)."""
-    return (
-        row.training_state,
-        row.gpu_index,
-        row.pid,
-        row.user,
-        row.type,
-        fmt.fmt_bytes(row.gpu_memory),
-        fmt.fmt_percent(row.cpu_percent, 1),
-        fmt.fmt_bytes(row.host_rss),
-        fmt.fmt_elapsed(row.running_time_s),
-        row.command,
-        row.alive,
-        row.rank,
-    )
-
-
-def process_cells(row: ProcessRow) -> tuple[Text, ...]:
-    return _cells_of(_shown_values(row))
-
-
-def _cells_of(values: tuple[object, ...]) -> tuple[Text, ...]:
-    state, gpu_index, pid, user, type_, gpu_memory, cpu, rss, elapsed, command, alive, rank = values
-    shown = str(command or fmt.NA)
-    if len(shown) > COMMAND_WIDTH:
-        shown = shown[: COMMAND_WIDTH - 1] + "…"
-    command_text = Text(shown, style="" if alive else "strike bright_black")
-    if rank is not None:
-        command_text.append(f"  rank {rank}", style="cyan")
-    return (
-        glyph_for(state if isinstance(state, str) else None),
-        Text("-" if gpu_index is None else str(gpu_index), justify="right"),
-        Text(str(pid), justify="right"),
-        Text(str(user or fmt.NA)),
-        Text(str(type_)),
-        _right(str(gpu_memory)),
-        _right(str(cpu)),
-        _right(str(rss)),
-        _right(str(elapsed)),
-        command_text,
-    )
+__all__ = [
+    "ANATOMY_GLYPH",
+    "COLUMNS",
+    "COLUMN_KEYS",
+    "ProcessTable",
+    "elide_middle",
+    "glyph_for",
+    "process_cells",
+]
 
 
 class ProcessTable(LineTable):
@@ -114,7 +42,12 @@ class ProcessTable(LineTable):
 
     def __init__(self, **kwargs: Any) -> None:
         super().__init__(
-            [(key, label, _JUSTIFY.get(key, "left")) for key, label in COLUMNS], cursor=True, **kwargs
+            [(key, label, JUSTIFY.get(key, "left")) for key, label in COLUMNS],
+            cursor=True,
+            gap=GAP,
+            flex="command",
+            elide=elide_middle,
+            **kwargs,
         )
         self._all: list[ProcessRow] = []
         self.rows_by_key: dict[str, ProcessRow] = {}
@@ -169,11 +102,11 @@ class ProcessTable(LineTable):
         return len(self._all)
 
     def _cells_for(self, row: ProcessRow) -> tuple[Text, ...]:
-        values = _shown_values(row)
+        values = shown_values(row)
         cached = self._cells_cache.get(row.key)
         if cached is not None and cached[0] == values:
             return cached[1]
-        cells = _cells_of(values)
+        cells = cells_of(values)
         self._cells_cache[row.key] = (values, cells)
         return cells
 

@@ -9,7 +9,7 @@ from textual.reactive import reactive
 from textual.widget import Widget
 
 from anatomy.vocabulary import Component
-from tui.widgets.bars import COMPONENT_STYLES, FULL, split_cells
+from tui.widgets.bars import component_mark, split_cells
 
 Segment = tuple[Component, int]
 
@@ -34,8 +34,10 @@ class StackedBar(Widget):
         if not self.segments:
             return Text("no memory measured yet", style="bright_black")
         cells = split_cells([b for _, b in self.segments], width)
+        plain = bool(getattr(getattr(self.app, "caps", None), "plain", False))
         text = Text()
         for (component, _), n in zip(self.segments, cells, strict=True):
             if n:
-                text.append(FULL * n, style=COMPONENT_STYLES[component])
+                mark, style = component_mark(component, plain)
+                text.append(mark * n, style=style)
         return text

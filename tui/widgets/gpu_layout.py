@@ -1,0 +1,317 @@
+"""The GPU table's two layouts, as text (no Textual: the start-up frame draws them too).
+
+- ``full``: every field of nvidia-smi's default view on two lines per GPU, the way nvidia-smi itself
+  stacks them, fitted to the width it is given (names shortened, meters narrowed, gaps closed, in that
+  order) so that nothing needs sideways scrolling from about 72 columns up;
+- ``compact``: one line per GPU, as many fields as the width holds in the order an engineer looks at
+  them (memory, utilisation, temperature, power, then the rest); never a sideways scroll.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, replace
+
+from rich.text import Text
+
+from tui import format as fmt
+from tui.sources.model import GpuInfo
+from tui.widgets.bars import meter
+
+FULL, COMPACT = "full", "compact"
+METER_WIDTH = 8  # compact mode, where the width allows
+COMPACT_METERS = (8, 6, 4)
+COMPACT_GAP = 2
+METER_MIN, METER_MAX = 4, 10  # full mode: what the width allows, within these
+NAME_MIN = 8
+LINE_LEAD = 1  # the table draws one space before the first field
+
+COMPACT_COLUMNS: tuple[tuple[str, str], ...] = (
+    ("gpu", "GPU"),
+    ("name", "Name"),
+    ("memory", "Memory-Usage"),
+    ("util", "GPU-Util"),
+    ("temp", "Temp"),
+    ("power", "Pwr:Usage/Cap"),
+    ("mem_util", "Mem-Util"),
+    ("fan", "Fan"),
+    ("perf", "Perf"),
+    ("ecc", "Uncorr. ECC"),
+    ("persistence", "Persist-M"),
+    ("display", "Disp.A"),
+    ("bus", "Bus-Id"),
+    ("compute", "Compute M."),
+    ("mig", "MIG M."),
+)
+COLUMN_KEYS: tuple[str, ...] = tuple(k for k, _ in COMPACT_COLUMNS)
+COMPACT_JUSTIFY = {"gpu": "right", "mem_util": "right", "temp": "right", "power": "right", "fan": "right"}
+
+# nvidia-smi's abbreviations for the compute mode.
+COMPUTE_SHORT = {
+    "Default": "Default",
+    "Exclusive_Process": "E. Process",
+    "Exclusive_Thread": "E. Thread",
+    "Prohibited": "Prohibited",
+}
+
+
+def _na(value: str) -> Text:
+    return Text(value, style="bright_black") if value == fmt.NA else Text(value)
+
+
+def short_name(name: str | None) -> str:
+    """``NVIDIA H100 80GB HBM3`` -> ``H100 80GB HBM3``: the vendor is the same on every row."""
+    if not name:
+        return fmt.NA
+    for prefix in ("NVIDIA GeForce ", "NVIDIA "):
+        if name.startswith(prefix) and len(name) > len(prefix):
+            return name[len(prefix) :]
+    return name
+
+
+def _fields(gpu: GpuInfo, meter_width: int) -> dict[str, Text]:
+    """Every field's cell (without the name)."""
+    fraction = None
+    if gpu.memory_used is not None and gpu.memory_total:
+        fraction = gpu.memory_used / gpu.memory_total
+    memory = meter(fraction, meter_width)
+    memory.append(" ")
+    memory.append(fmt.fmt_bytes_pair(gpu.memory_used, gpu.memory_total))
+    util = meter(None if gpu.gpu_util is None else gpu.gpu_util / 100.0, meter_width)
+    util.append(f" {fmt.fmt_percent(gpu.gpu_util):>4}")
+    perf = fmt.NA if gpu.performance_state is None else f"P{gpu.performance_state}"
+    compute = fmt.NA if gpu.compute_mode is None else COMPUTE_SHORT.get(gpu.compute_mode, gpu.compute_mode)
+    return {
+        "gpu": Text(str(gpu.index)),
+        "memory": memory,
+        "util": util,
+        "mem_util": _na(fmt.fmt_percent(gpu.memory_util)),
+        "temp": _na(fmt.fmt_temp(gpu.temperature_c)),
+        "power": Text(fmt.fmt_power(gpu.power_w, gpu.power_limit_w)),
+        "fan": _na(fmt.fmt_percent(gpu.fan_percent)),
+        "perf": _na(perf),
+        "ecc": _na(fmt.NA if gpu.ecc_volatile_uncorrected is None else str(gpu.ecc_volatile_uncorrected)),
+        "persistence": _na(fmt.fmt_bool(gpu.persistence_mode)),
+        "display": _na(fmt.fmt_bool(gpu.display_active)),
+        "bus": _na(gpu.bus_id or fmt.NA),
+        "compute": _na(compute),
+        "mig": _na(fmt.fmt_bool(gpu.mig_mode, yes="Enabled", no="Disabled")),
+    }
+
+
+def _lost(gpu: GpuInfo) -> Text:
+    lost = Text("GPU lost", style="bold red")
+    if gpu.error:
+        lost.append(": ")
+        lost.append(Text(gpu.error))
+    return lost
+
+
+def gpu_cells(gpu: GpuInfo, meter_width: int = METER_WIDTH) -> tuple[Text, ...]:
+    """The compact row: one cell per COMPACT_COLUMNS entry."""
+    if gpu.lost:
+        return (Text(str(gpu.index)), _lost(gpu), *(Text("") for _ in COMPACT_COLUMNS[2:]))
+    cells = _fields(gpu, meter_width)
+    cells["name"] = Text(short_name(gpu.name))
+    return tuple(cells[key] for key in COLUMN_KEYS)
+
+
+@dataclass(frozen=True)
+class CompactLayout:
+    meter_width: int
+    columns: int  # how many of COMPACT_COLUMNS, from the left
+
+
+def compact_layout(gpus: Sequence[GpuInfo], width: int) -> CompactLayout:
+    """The most columns that fit ``width`` (with their widest values), with the widest meters that
+    still show that many; at least GPU, name and memory."""
+    room = max(0, width - LINE_LEAD)
+    widest = [_widest(g) for g in gpus if not g.lost]
+    best = CompactLayout(COMPACT_METERS[-1], 3)
+    for meter_width in COMPACT_METERS:
+        rows = [gpu_cells(g, meter_width) for g in widest]
+        widths = [
+            max([Text(label).cell_len, *(r[i].cell_len for r in rows)])
+            for i, (_, label) in enumerate(COMPACT_COLUMNS)
+        ]
+        used, count = -COMPACT_GAP, 0
+        for w in widths:
+            if used + COMPACT_GAP + w > room:
+                break
+            used += COMPACT_GAP + w
+            count += 1
+        if count > best.columns or (count == best.columns and meter_width > best.meter_width):
+            best = CompactLayout(meter_width, max(3, count))
+        if count == len(COMPACT_COLUMNS):
+            break
+    return best
+
+
+# ----------------------------------------------------------------------------------------- full
+@dataclass(frozen=True)
+class Field:
+    key: str
+    label: str
+    justify: str = "left"
+
+
+# nvidia-smi's three cells per GPU, read left to right on its first two lines, MIG moved up to the first.
+FULL_LINES: tuple[tuple[Field, ...], tuple[Field, ...]] = (
+    (
+        Field("gpu", "GPU", "right"),
+        Field("name", "Name"),
+        Field("persistence", "Persist-M", "right"),
+        Field("bus", "Bus-Id"),
+        Field("display", "Disp.A", "right"),
+        Field("ecc", "Uncorr. ECC", "right"),
+        Field("mig", "MIG M.", "right"),
+    ),
+    (
+        Field("fan", "Fan", "right"),
+        Field("temp", "Temp", "right"),
+        Field("perf", "Perf"),
+        Field("power", "Pwr:Usage/Cap", "right"),
+        Field("memory", "Memory-Usage"),
+        Field("util", "GPU-Util"),
+        Field("compute", "Compute M.", "right"),
+    ),
+)
+FULL_FIELD_KEYS: frozenset[str] = frozenset(f.key for line in FULL_LINES for f in line)
+
+
+@dataclass(frozen=True)
+class FullLayout:
+    """Widths for one table width: per line, each field's width and the gap between fields."""
+
+    widths: tuple[tuple[int, ...], tuple[int, ...]]
+    gaps: tuple[int, int]
+    meter_width: int
+    name_width: int
+    short_names: bool
+
+    @property
+    def line_width(self) -> int:
+        return max(sum(w) + g * (len(w) - 1) for w, g in zip(self.widths, self.gaps, strict=True))
+
+
+def _widest(gpu: GpuInfo) -> GpuInfo:
+    def at_most(value: float | None, cap: float) -> float | None:
+        return None if value is None else max(value, cap)
+
+    return replace(
+        gpu,
+        memory_used=gpu.memory_total if gpu.memory_total is not None else gpu.memory_used,
+        power_w=at_most(gpu.power_w, gpu.power_limit_w or 0.0),
+        gpu_util=None if gpu.gpu_util is None else 100,
+        fan_percent=None if gpu.fan_percent is None else 100,
+        temperature_c=None if gpu.temperature_c is None else max(100, gpu.temperature_c),
+        performance_state=None if gpu.performance_state is None else max(10, gpu.performance_state),
+    )
+
+
+def layout_key(gpus: Sequence[GpuInfo], width: int) -> tuple[object, ...]:
+    """What a full layout depends on: it is computed again only when this changes."""
+    return (
+        width,
+        tuple(
+            (
+                g.index,
+                g.lost,
+                g.name,
+                g.memory_total,
+                g.power_limit_w,
+                g.power_w is None,
+                g.compute_mode,
+                g.mig_mode,
+                g.ecc_volatile_uncorrected,
+                g.bus_id,
+                g.persistence_mode,
+                g.display_active,
+            )
+            for g in gpus
+        ),
+    )
+
+
+def _natural_widths(line: Sequence[Field], cells: Sequence[dict[str, Text]]) -> list[int]:
+    return [max([Text(f.label).cell_len, *(c[f.key].cell_len for c in cells if f.key in c)]) for f in line]
+
+
+def full_layout(gpus: Sequence[GpuInfo], width: int) -> FullLayout:
+    """Fit both lines into ``width`` cells (the table's line, without its leading space): full names,
+    then nvidia-smi's names without the vendor, then narrower meters, gaps of one, shortened names."""
+    room = max(0, width - LINE_LEAD)
+    # Sized for each GPU's widest values (memory full, power at its cap, 100%), so columns stay put
+    # while the numbers move.
+    healthy = [_widest(g) for g in gpus if not g.lost]
+    names = [g.name or fmt.NA for g in healthy]
+
+    def widths_for(meter_width: int, short: bool) -> tuple[list[int], list[int], int]:
+        cells = [_fields(g, meter_width) for g in healthy]
+        shown = [short_name(n) if short else n for n in names]
+        for c, name in zip(cells, shown, strict=True):
+            c["name"] = Text(name)
+        first, second = _natural_widths(FULL_LINES[0], cells), _natural_widths(FULL_LINES[1], cells)
+        return first, second, first[1]
+
+    # In order of preference: gaps of two, meters of 6+ cells, full names; then give up each in turn.
+    best: FullLayout | None = None
+    for gap in (2, 1):
+        for short, meter_min in ((False, 6), (True, 6), (False, METER_MIN), (True, METER_MIN)):
+            for meter_width in range(METER_MAX, meter_min - 1, -1):
+                first, second, name_w = widths_for(meter_width, short)
+                layout = FullLayout((tuple(first), tuple(second)), (gap, gap), meter_width, name_w, short)
+                if layout.line_width <= room:
+                    return layout
+                best = layout
+    # Nothing fits at full length: the shortest layout, the name column shortened to what is left.
+    assert best is not None
+    first = list(best.widths[0])
+    others = sum(first) - first[1] + best.gaps[0] * (len(first) - 1)
+    first[1] = max(NAME_MIN, room - others)
+    return FullLayout((tuple(first), best.widths[1]), best.gaps, best.meter_width, first[1], True)
+
+
+def _join(line: Sequence[Field], widths: Sequence[int], gap: int, cells: dict[str, Text]) -> Text:
+    out = Text(no_wrap=True, end="")
+    for i, (f, w) in enumerate(zip(line, widths, strict=True)):
+        if i:
+            out.append(" " * gap)
+        cell = cells.get(f.key, Text())
+        if cell.cell_len > w:
+            cell = cell.copy()
+            cell.truncate(max(0, w - 1))
+            cell.append("…")
+        pad = " " * (w - cell.cell_len)
+        if f.justify == "right":
+            out.append(pad)
+            out.append_text(cell)
+        else:
+            out.append_text(cell)
+            out.append(pad)
+    return out
+
+
+def full_header(layout: FullLayout) -> str:
+    """The two header lines, joined by a line break."""
+    lines = []
+    for line, widths, gap in zip(FULL_LINES, layout.widths, layout.gaps, strict=True):
+        labels = {f.key: Text(f.label) for f in line}
+        lines.append(_join(line, widths, gap, labels).plain.rstrip())
+    return "\n".join(lines)
+
+
+def full_lines(gpu: GpuInfo, layout: FullLayout) -> tuple[Text, Text]:
+    """One GPU's two lines."""
+    if gpu.lost:
+        first = Text(no_wrap=True, end="")
+        first.append(f"{gpu.index:>{layout.widths[0][0]}}")
+        first.append(" " * layout.gaps[0])
+        first.append_text(_lost(gpu))
+        return first, Text("")
+    cells = _fields(gpu, layout.meter_width)
+    cells["name"] = Text(short_name(gpu.name) if layout.short_names else gpu.name or fmt.NA)
+    return tuple(  # type: ignore[return-value]
+        _join(line, widths, gap, cells)
+        for line, widths, gap in zip(FULL_LINES, layout.widths, layout.gaps, strict=True)
+    )
