@@ -3,13 +3,16 @@
 One run: a simulated 8-GPU box with 64 real local processes on it; each tool in its own tmux server and
 session of the same size. Measures
   - time to first frame: from spawning the session until ``capture-pane`` shows the box's driver version
-    and a GPU process's PID (repetitions interleaved between the tools);
+    and a GPU process's PID (repetitions interleaved between the tools). anatomy-top draws that frame
+    from its first NVML read before it loads Textual (tui/first_frame.py);
+  - time to the interactive frame (anatomy-top only): until its key bar is on screen, i.e. Textual has
+    taken over and keys work (nvitop's first frame is already interactive);
   - CPU seconds per minute: user+system CPU time of the tool's process tree (psutil) over a fixed window
     after a warm-up; the tmux server's own CPU (drawing what the tool writes) is printed beside it.
-    anatomy-top is measured at its default refresh (1 s) and again at nvitop's default (2 s).
-Prints each figure and its ratio to nvitop's. Targets: CPU ≤ 0.5× nvitop's, first frame ≤ 0.6 s.
+    anatomy-top is measured at its default refresh and at 1 s, each against nvitop at the same interval.
+Prints each figure and its ratio to nvitop's. Targets: CPU ≤ 0.5× nvitop's, first frame ≤ nvitop's.
 
-    .venv/bin/python benchmarks/bench_tui.py [--window 25] [--reps 3] [--processes 64]
+    .venv/bin/python benchmarks/bench_tui.py [--window 25] [--reps 5] [--processes 64] [--first-frame-only]
 """
 
 from __future__ import annotations
@@ -32,12 +35,13 @@ import psutil
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from tui.cli import DEFAULT_INTERVAL  # noqa: E402
 from tui.demo import SLEEPERS, spawn_sleepers, stop_processes  # noqa: E402
+from tui.intervals import DEFAULT_INTERVAL  # noqa: E402
 from tui.simnvml.curves import Curve  # noqa: E402
 from tui.simnvml.scenario import Scenario  # noqa: E402
 
 WIDTH, HEIGHT = 160, 50
+KEY_BAR = " q  Quit "  # anatomy-top's bottom line: on screen once Textual has taken over
 FIRST_FRAME_TIMEOUT_S = 20.0
 NVITOP_DEFAULT_S = 2.0
 WARMUP_S = 3.0
@@ -155,7 +159,8 @@ def main(argv: list[str] | None = None) -> int:
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     parser.add_argument("--window", type=float, default=25.0, help="CPU measurement window per tool, seconds")
-    parser.add_argument("--reps", type=int, default=3, help="first-frame repetitions per tool")
+    parser.add_argument("--reps", type=int, default=5, help="first-frame repetitions per tool")
+    parser.add_argument("--first-frame-only", action="store_true", help="skip the CPU measurement")
     parser.add_argument("--processes", type=int, default=64)
     parser.add_argument("--gpus", type=int, default=8)
     args = parser.parse_args(argv)
@@ -215,12 +220,15 @@ def main(argv: list[str] | None = None) -> int:
         if DEFAULT_INTERVAL != NVITOP_DEFAULT_S:
             pairs.append((Tool("anatomy-top --interval 2", [*ours.argv, "--interval", "2"]), theirs))
         frames: dict[str, list[float]] = {t.name: [] for t in tools}
+        interactive: list[float] = []
         for rep in range(args.reps):
             for tool in tools:
                 seconds, _ = first_frame(tool, env, markers, f"ff{rep}-{tool.name}")
                 frames[tool.name].append(seconds)
+            seconds, _ = first_frame(ours, env, [*markers, KEY_BAR], f"if{rep}")
+            interactive.append(seconds)
         cpu: dict[str, tuple[float, float]] = {}
-        for pair in pairs:
+        for pair in [] if args.first_frame_only else pairs:
             for tool in pair:
                 if tool.name not in cpu:
                     cpu[tool.name] = cpu_per_minute(tool, env, markers, args.window, f"cpu-{len(cpu)}")
@@ -229,6 +237,23 @@ def main(argv: list[str] | None = None) -> int:
         shutil.rmtree(workdir, ignore_errors=True)
 
     base_ff = statistics.median(frames["nvitop"])
+    ours_ff = statistics.median(frames["anatomy-top"])
+    ours_if = statistics.median(interactive)
+    print(
+        f"first frame (median of {args.reps}): anatomy-top {ours_ff:.3f} s, nvitop {base_ff:.3f} s, "
+        f"ratio {ours_ff / base_ff:.2f}"
+    )
+    print(
+        f"anatomy-top interactive frame (key bar on screen): {ours_if:.3f} s, {ours_if / base_ff:.2f}x "
+        "nvitop's first frame"
+    )
+    print("  anatomy-top interactive frames: " + ", ".join(f"{s:.3f}" for s in interactive))
+    for tool in tools:
+        print(f"  {tool.name} first frames: " + ", ".join(f"{s:.3f}" for s in frames[tool.name]))
+    if args.first_frame_only:
+        verdict = "OK" if ours_ff <= base_ff else "MISSED"
+        print(f"target: first frame <= nvitop's: {ours_ff / base_ff:.2f}x {verdict}")
+        return 0
     print(f"anatomy-top's default refresh: {DEFAULT_INTERVAL:g} s; nvitop's: {NVITOP_DEFAULT_S:g} s")
     print(
         f"{'tool':<28}{'first frame':>12}{'ratio':>8}{'CPU s/min':>12}{'ratio':>8}"
@@ -250,14 +275,11 @@ def main(argv: list[str] | None = None) -> int:
                 ff_cells = f"{'':>20}"
             against = pair[1].name if tool is pair[0] else ""
             print(f"{tool.name:<28}{ff_cells}{tree:>12.2f}{ratio_cpu:>8.2f}{server:>16.2f}  {against}")
-    for tool in tools:
-        print(f"  {tool.name} first frames: " + ", ".join(f"{s:.3f}" for s in frames[tool.name]))
     base_cpu = cpu["nvitop"][0]
-    ours_ff = statistics.median(frames["anatomy-top"])
     ours_cpu = cpu["anatomy-top"][0] / base_cpu if base_cpu > 0 else float("nan")
     print(
         f"targets: CPU <= 0.50x nvitop: {ours_cpu:.2f}x {'OK' if ours_cpu <= 0.5 else 'MISSED'}; "
-        f"first frame <= 0.600 s: {ours_ff:.3f} s {'OK' if ours_ff <= 0.6 else 'MISSED'}"
+        f"first frame <= nvitop's: {ours_ff / base_ff:.2f}x {'OK' if ours_ff <= base_ff else 'MISSED'}"
     )
     return 0
 

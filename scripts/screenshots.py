@@ -1,12 +1,13 @@
-"""Regenerate the README's screenshots: screenshots/{wide,narrow,ranks,demo}.{svg,png}.
+"""Regenerate the README's screenshots: screenshots/{wide,medium,narrow,ranks,demo}.{svg,png}.
 
     .venv/bin/python scripts/screenshots.py [--out screenshots]
 
-Each screen is rendered headless by the real app (``App.run_test``): wide, narrow and ranks from the
-frozen 8-GPU box in tests/tui/frozen.py; demo from a live `--demo` (simulated GPUs, real CPU training
-job). Saved as SVG with ``export_screenshot()`` and converted to PNG with cairosvg when it is installed
-(it renders faithfully with Debian's fonts-firacode; without cairosvg only the SVGs are written and the
-script says so). Exit status 0 when every SVG was written.
+Each screen is rendered headless by the real app (``App.run_test``) at the sizes the README promises:
+wide (160x45, side by side), medium (120x40, one pane, compact GPU table), narrow (80x24) and ranks
+(160x45) from the frozen 8-GPU box in tests/tui/frozen.py; demo (160x45) from a live `--demo` (simulated
+GPUs, real CPU training job). Saved as SVG with ``export_screenshot()`` and converted to PNG with
+cairosvg when it is installed (it renders faithfully with Debian's fonts-firacode; without cairosvg only
+the SVGs are written and the script says so). Exit status 0 when every SVG was written.
 """
 
 from __future__ import annotations
@@ -43,9 +44,12 @@ async def _wide(pilot: Pilot[Any]) -> None:
     await _select(pilot, frozen.TRAIN_PID)
 
 
-async def _narrow(pilot: Pilot[Any]) -> None:
+async def _medium(pilot: Pilot[Any]) -> None:
     await _select(pilot, frozen.TRAIN_PID)
-    await pilot.press("tab")
+
+
+async def _narrow(pilot: Pilot[Any]) -> None:
+    await _select(pilot, frozen.TRAIN_PID)  # training jobs sort first: in view at 80x24
 
 
 async def _ranks(pilot: Pilot[Any]) -> None:
@@ -60,24 +64,35 @@ class Shot:
 
 
 SHOTS = (
-    Shot("wide", (160, 50), _wide),
-    Shot("narrow", (80, 30), _narrow),
-    Shot("ranks", (140, 45), _ranks),
+    Shot("wide", (160, 45), _wide),
+    Shot("medium", (120, 40), _medium),
+    Shot("narrow", (80, 24), _narrow),
+    Shot("ranks", (160, 45), _ranks),
 )
 
 
-async def render_live_demo(size: tuple[int, int] = (160, 50)) -> str:
+async def render_live_demo(size: tuple[int, int] = (160, 45)) -> str:
     """What `anatomy-top --demo` shows: the simulated 8-GPU box and the real CPU training job publishing
     through the real hook (not frozen data, so its numbers differ from run to run)."""
+    from tui.cli import install_simulation
     from tui.demo import start_demo
     from tui.sources.anatomy_source import AnatomySource
     from tui.sources.machine import MachineSource
 
     handle = start_demo(install_signal_handlers=False)
     try:
+        reason = install_simulation()  # as `anatomy-top --demo` does at start-up
+        if reason is not None:
+            raise RuntimeError(reason)
         if not handle.wait_until_publishing(90):
             raise RuntimeError("the demo's training job did not publish within 90 s")
-        app = AnatomyTopApp(MachineSource(), AnatomySource(), interval=2.0, handle_signals=False)
+        app = AnatomyTopApp(
+            MachineSource(),
+            AnatomySource(),
+            interval=2.0,
+            handle_signals=False,
+            starting_pid=handle.train_pid,
+        )
         async with app.run_test(size=size) as pilot:
             await app.wait_for_poll(count=6, timeout=60)
             await pilot.pause()

@@ -347,12 +347,14 @@ class AnatomyTopApp(App[int]):
             rows = build_rows(self.machine, self.training, self.host_figures)
             table = self.query_one(ProcessTable)
             table.show(rows)
-            if self.polls == 1:
-                # Start on a process that publishes its anatomy, so both panes say something at once.
+            if not table.user_moved:
+                # Until the user moves it, the cursor is on a process that publishes its anatomy (the
+                # first one to appear, even seconds after start), so both panes say something.
+                selected = table.selected_row
                 first = next(
                     (i for i, k in enumerate(table.row_keys) if table.rows_by_key[k].publishes), None
                 )
-                if first is not None:
+                if first is not None and (selected is None or not selected.publishes):
                     table.move_cursor(first)
             self._render_proc_bar()
             self._render_anatomy()
@@ -425,7 +427,14 @@ class AnatomyTopApp(App[int]):
         stale_s = self._stale_seconds(process)
         # The anatomy source hands out new objects every poll; a publisher that sent nothing new
         # compares equal (same snapshot object), and then the pane has nothing new to draw.
-        shown = (process, tuple(group), nvml_bytes, hint, None if stale_s is None else int(stale_s))
+        shown = (
+            process,
+            tuple(group),
+            nvml_bytes,
+            hint,
+            None if stale_s is None else int(stale_s),
+            pane.waiting_for,
+        )
         if shown == self._anatomy_shown and pane.process is not None and pane.process == process:
             return
         self._anatomy_shown = shown

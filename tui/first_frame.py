@@ -191,10 +191,18 @@ def render(machine: MachineSnapshot, caps: Display, width: int, height: int, int
     return "".join(out)
 
 
+def _terminal() -> TextIO | None:
+    # Where Textual's driver draws (stderr, so that stdout can be redirected): the same stream.
+    return sys.__stderr__
+
+
 def paint(machine: MachineSnapshot, caps: Display, interval: float, stream: TextIO | None = None) -> bool:
-    """Draw the start-up frame on ``stream`` (stdout) when it is a terminal; True when drawn (then the
-    caller owes the terminal ``leave`` unless the monitor took over and left it itself)."""
-    stream = sys.stdout if stream is None else stream
+    """Draw the start-up frame on ``stream`` (the terminal Textual will draw on) when it is a terminal;
+    True when drawn (then the caller owes the terminal ``leave`` unless the monitor took over and left
+    it itself)."""
+    stream = _terminal() if stream is None else stream
+    if stream is None:
+        return False
     try:
         if not stream.isatty():
             return False
@@ -208,7 +216,9 @@ def paint(machine: MachineSnapshot, caps: Display, interval: float, stream: Text
 
 def leave(stream: TextIO | None = None) -> None:
     """Give the terminal back as it was (when the monitor never started)."""
-    stream = sys.stdout if stream is None else stream
+    stream = _terminal() if stream is None else stream
+    if stream is None:
+        return
     try:
         stream.write(LEAVE)
         stream.flush()

@@ -272,3 +272,21 @@ def test_advisor_module_is_stdlib_only() -> None:
     code = "import sys, anatomy.advisor; print('torch' in sys.modules, 'transformers' in sys.modules)"
     res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert res.stdout.split() == ["False", "False"]
+
+
+def test_no_title_repeats_the_saving_the_views_print_beside_it() -> None:
+    """The views print "— saves X" from saving_bytes; a title that also said "~X less" read
+    "~25.1 MiB less — saves 25.1 MiB"."""
+    from anatomy.units import fmt_bytes
+
+    cuda = CudaMemory(allocated=5 * GIB, reserved=40 * GIB, peak_allocated=22 * GIB, alloc_retries=0, ooms=0)
+    cases = [
+        advise(hello(), _tight(memory={Component.ACTIVATIONS.value: 50 * GIB}, batch_size=8)),
+        advise(hello(), _tight(memory={Component.OPTIMIZER_STATES.value: 24 * GIB}, peak_phase="optimizer")),
+        advise(hello(), snapshot(cuda=cuda, peak_bytes=22 * GIB)),
+    ]
+    suggestions = [s for out in cases for s in out]
+    assert {s.rule for s in suggestions} >= {"gradient_checkpointing", "adamw_8bit", "fragmentation"}
+    for s in suggestions:
+        assert s.saving_bytes is not None
+        assert fmt_bytes(s.saving_bytes) not in s.title and "less" not in s.title, s.title

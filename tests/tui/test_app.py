@@ -539,7 +539,7 @@ async def test_oom_process_keeps_its_anatomy_marked_with_the_exception(
         await app.wait_for_poll()
         table = app.query_one(ProcessTable)
         oom_key = next(k for k, r in table.rows_by_key.items() if r.pid == frozen.OOM_PID)
-        assert _plain(table.get_cell(oom_key, "glyph")) == "✖"
+        assert _plain(table.get_cell(oom_key, "glyph")) == "×"
         assert _plain(table.get_cell(oom_key, "command")).startswith("OOM ")
         await _select_pid(app, pilot, frozen.OOM_PID)
         alert = app.query_one("#anatomy-alert", Static)

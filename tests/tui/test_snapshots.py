@@ -12,6 +12,8 @@ import frozen
 from textual.pilot import Pilot
 
 from tui.app import AnatomyTopApp
+from tui.terminal import Display
+from tui.widgets.process_rows import SORT_KEYS
 
 MakeApp = Callable[..., AnatomyTopApp]
 
@@ -27,6 +29,15 @@ def test_wide_layout(snap_compare: Any, make_app: MakeApp) -> None:
     assert snap_compare(make_app(), terminal_size=(160, 50), run_before=_first_poll)
 
 
+def test_medium_layout_one_pane_compact_gpus(snap_compare: Any, make_app: MakeApp) -> None:
+    assert snap_compare(make_app(), terminal_size=(120, 40), run_before=_first_poll)
+
+
+def test_no_colour_ascii_layout(snap_compare: Any, make_app: MakeApp) -> None:
+    app = make_app(caps=Display(color=False, unicode=False))
+    assert snap_compare(app, terminal_size=(160, 45), run_before=_first_poll)
+
+
 def test_narrow_layout_processes(snap_compare: Any, make_app: MakeApp) -> None:
     assert snap_compare(make_app(), terminal_size=(80, 24), run_before=_first_poll)
 
@@ -34,7 +45,7 @@ def test_narrow_layout_processes(snap_compare: Any, make_app: MakeApp) -> None:
 def test_narrow_layout_anatomy_of_oom_process(snap_compare: Any, make_app: MakeApp) -> None:
     async def select_oom(pilot: Pilot[Any]) -> None:
         await _first_poll(pilot)
-        await pilot.press("s", "s", "s", "s")  # sort by PID: the OOM process is last
+        await pilot.press(*"s" * SORT_KEYS.index("pid"))  # sort by PID: the OOM process is last
         await pilot.press("end", "tab")
         await pilot.pause()
 

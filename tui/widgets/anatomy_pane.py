@@ -168,11 +168,19 @@ class AnatomyPane(VerticalScroll):
     ) -> None:
         self.process = process
         self.hint = hint
-        self.set_class(process is None, "-empty")
-        if process is None:
+        # A job that said hello but has not finished a measured step yet has nothing to show but that.
+        starting = process is not None and process.snapshot is None and process.state == "live"
+        self.set_class(process is None or starting, "-empty")
+        if process is None or starting:
             self.reconciled = None
-            if self.waiting_for is not None:
-                waiting = Text(self.waiting_for, style="bold")
+            waiting_for = self.waiting_for
+            if starting and process is not None:
+                waiting_for = waiting_for or f"waiting for PID {process.pid} to publish (starting)"
+            if waiting_for is not None:
+                waiting = Text(waiting_for, style="bold")
+                if process is not None and process.hello is not None:
+                    waiting.append("\n")
+                    waiting.append(Text(f"PID {process.pid} · {process.hello.model_class}", style="cyan"))
                 waiting.append(WAITING_HINT, style="bright_black")
                 self._update("#anatomy-empty", waiting)
             else:

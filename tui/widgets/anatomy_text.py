@@ -100,6 +100,12 @@ def reconcile_note(rec: Reconciled, step: int | None = None) -> Text:
     if rec.at_peak:
         line = total_line(rec, step)
         head, sep, rest = line.partition(SUM_OF_ROWS)
+        # What follows the sum (peak allocated, split traced at step N) on a line of its own: each
+        # line fits the pane's width side by side.
+        if rest.startswith(" · "):
+            rest = "\n" + rest[3:]
+        elif not sep:
+            head = head.replace(" · ", "\n", 1)
         text.append(head, style="bold")
         if sep:
             text.append(sep + " ✓", style="green")

@@ -22,6 +22,7 @@ FULL, COMPACT = "full", "compact"
 METER_WIDTH = 8  # compact mode, where the width allows
 COMPACT_METERS = (8, 6, 4)
 COMPACT_GAP = 2
+COMPACT_CORE = 6  # GPU, name, memory, utilisation, temperature, power: what compact mode is for
 METER_MIN, METER_MAX = 4, 10  # full mode: what the width allows, within these
 NAME_MIN = 8
 LINE_LEAD = 1  # the table draws one space before the first field
@@ -123,11 +124,12 @@ class CompactLayout:
 
 
 def compact_layout(gpus: Sequence[GpuInfo], width: int) -> CompactLayout:
-    """The most columns that fit ``width`` (with their widest values), with the widest meters that
-    still show that many; at least GPU, name and memory."""
+    """The widest meters with which the core fields (through power) still fit ``width``, then as many
+    more fields as fit; where even the core does not fit, the most fields with the narrowest meters
+    (at least GPU, name and memory). Sized for each GPU's widest values."""
     room = max(0, width - LINE_LEAD)
     widest = [_widest(g) for g in gpus if not g.lost]
-    best = CompactLayout(COMPACT_METERS[-1], 3)
+    fits: list[CompactLayout] = []
     for meter_width in COMPACT_METERS:
         rows = [gpu_cells(g, meter_width) for g in widest]
         widths = [
@@ -140,11 +142,11 @@ def compact_layout(gpus: Sequence[GpuInfo], width: int) -> CompactLayout:
                 break
             used += COMPACT_GAP + w
             count += 1
-        if count > best.columns or (count == best.columns and meter_width > best.meter_width):
-            best = CompactLayout(meter_width, max(3, count))
-        if count == len(COMPACT_COLUMNS):
-            break
-    return best
+        fits.append(CompactLayout(meter_width, max(3, count)))
+    core = [f for f in fits if f.columns >= COMPACT_CORE]
+    if core:
+        return core[0]  # COMPACT_METERS run widest first
+    return max(fits, key=lambda f: (f.columns, f.meter_width))
 
 
 # ----------------------------------------------------------------------------------------- full

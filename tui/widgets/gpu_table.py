@@ -57,6 +57,7 @@ class GpuTable(LineTable):
 
     def show(self, gpus: Sequence[GpuInfo]) -> None:
         self._gpus = tuple(sorted(gpus, key=lambda g: g.index))
+        self.display = bool(self._gpus)  # no GPU (no driver): no empty header either
         if not self.is_mounted:
             return  # fitted to the width it gets: drawn at mount
         if self.mode == COMPACT:

@@ -46,7 +46,7 @@ KEYS: tuple[tuple[str, str], ...] = (
 # (word or figure as the pane shows it, what it means).
 GLOSSARY: tuple[tuple[str, str], ...] = (
     (
-        "◆  ✖  ◇  !",
+        "◆  ×  ◇  !",
         "publishes its anatomy (the hook runs in it) · died of out-of-memory (its last "
         "anatomy kept, x dismisses it) · exited · its anatomy could not be read",
     ),
@@ -109,7 +109,7 @@ GLOSSARY: tuple[tuple[str, str], ...] = (
         "statistical normalizations, element-wise), from a sampled step ('sampled at step N')",
     ),
     (
-        "measured · predicted · guide",
+        "measured/predicted/guide",
         "where a suggestion's number comes from: this run, a model of "
         "this run, or the guide's published figures",
     ),

@@ -37,7 +37,7 @@ TAIL_MIN = 8  # cells of a command line's end kept even when its program takes t
 # One cell each, so the glyph column stays one cell wide (an OOM row also says OOM in its command).
 _GLYPHS: dict[str, tuple[str, str]] = {
     "live": (ANATOMY_GLYPH, "bold green"),
-    "oom": ("✖", "bold red"),
+    "oom": ("×", "bold red"),  # Latin-1: in every terminal font
     "exited": ("◇", "bright_black"),
     "error": ("!", "bold yellow"),
 }

@@ -6,6 +6,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from rich.text import Text
+from textual import events
 
 from tui.widgets.line_table import LineTable
 from tui.widgets.process_cells import (
@@ -54,6 +55,7 @@ class ProcessTable(LineTable):
         self.sort_column: str = SORT_KEYS[0]
         self.sort_reverse: bool = False
         self.filter_text: str = ""
+        self.user_moved = False  # the cursor was moved by a key or a click (not only by the app)
         # Per row key: the shown values and their cells, reused while the values are equal (most rows,
         # most refreshes), so set_rows sees the very same cell tuple and skips the row.
         self._cells_cache: dict[str, tuple[tuple[object, ...], tuple[Text, ...]]] = {}
@@ -117,3 +119,36 @@ class ProcessTable(LineTable):
         if len(self._cells_cache) > 2 * len(self._all) + 16:
             keys = {r.key for r in self._all}
             self._cells_cache = {k: v for k, v in self._cells_cache.items() if k in keys}
+
+    # -- the user's own moves ------------------------------------------------------------------
+
+    def _moved_by_user(self) -> None:
+        self.user_moved = True
+
+    def action_cursor_up(self) -> None:
+        self._moved_by_user()
+        super().action_cursor_up()
+
+    def action_cursor_down(self) -> None:
+        self._moved_by_user()
+        super().action_cursor_down()
+
+    def action_page_up(self) -> None:
+        self._moved_by_user()
+        super().action_page_up()
+
+    def action_page_down(self) -> None:
+        self._moved_by_user()
+        super().action_page_down()
+
+    def action_first(self) -> None:
+        self._moved_by_user()
+        super().action_first()
+
+    def action_last(self) -> None:
+        self._moved_by_user()
+        super().action_last()
+
+    def on_click(self, event: events.Click) -> None:
+        self._moved_by_user()
+        super().on_click(event)
