@@ -7,10 +7,12 @@ from __future__ import annotations
 import re
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from tui.sources.anatomy_source import TrainingProcess
 from tui.sources.model import GpuProcess, MachineSnapshot
+
+if TYPE_CHECKING:  # the anatomy side (its protocol, ~25 ms to import) is not needed to draw the first frame
+    from tui.sources.anatomy_source import TrainingProcess
 
 
 @dataclass(frozen=True)
