@@ -58,12 +58,12 @@ examples:
   {PROG}                        live monitor, refreshed {describe_interval(DEFAULT_INTERVAL)}
   {PROG} --interval 0.5         live monitor, twice a second
   {PROG} --ascii                no box drawing or symbols the terminal cannot show
-  NO_COLOR=1 {PROG}             no colour at all (also TERM=dumb)
+  NO_COLOR=1 {PROG}             no colour escape at all (also TERM=dumb)
   {PROG} --once                 one nvidia-smi-style text report, then exit
   {PROG} --once --json          one JSON document for scripts (e.g. | jq .gpus)
   {PROG} --demo                 no GPU? a simulated 8-GPU box with a small training job
-  {PROG} --demo --once          the same box as one report (waits for the job's first measured
-                                step with op groups, up to {DEMO_WAIT_S:g} s)
+  {PROG} --demo --once          the same box as one report (waits for the job's first
+                                     measured step with op groups, up to {DEMO_WAIT_S:g} s)
   {PROG} plan ./my-model/config.json --batch-size 8 --seq-len 1024 --precision bf16 --gpu A100-40GB
 """
 
