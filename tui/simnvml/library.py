@@ -113,6 +113,7 @@ class SimulatedNvml:
         self.scenario = scenario
         self._clock: Clock = clock or time.monotonic
         self._t0 = self._clock()
+        self._wall_t0_us = int(time.time() * 1_000_000)
         self.calls: Counter[str] = Counter()
         self.missing: Counter[str] = Counter()
         self.unimplemented: set[str] = set()
@@ -861,24 +862,54 @@ class SimulatedNvml:
 
     @_export("nvmlDeviceGetProcessUtilization", H, P, P, ULL, field="process_utilization")
     def _process_utilization(self, d: _Device, out: int | None, count: int | None, last_seen: int) -> int:
+        """nvml.h's contract: every sample in the driver's buffer newer than ``last_seen`` (CPU time,
+        µs; 0 = the whole buffer), oldest first, one per process with non-zero utilization per
+        sampling period, so a process may appear several times. NULL buffer or too small a count:
+        INSUFFICIENT_SIZE with the count needed; no sample: NOT_FOUND."""
         if not count:
             return Return.INVALID_ARGUMENT
-        procs = self._processes(d, ("C", "G", "C+G"))
-        if not procs:
-            return Return.NOT_FOUND  # no samples in the buffer: what the driver answers for idle GPUs
+        if d.gpu.mig_mode:
+            return (
+                Return.NOT_SUPPORTED
+            )  # "On MIG-enabled GPUs, querying process utilization is not supported"
+        samples = self._utilization_samples(d, last_seen)
         capacity = ctypes.c_uint.from_address(count)
-        if not out or capacity.value < len(procs):
-            capacity.value = len(procs)
+        if not samples:
+            capacity.value = 0
+            return Return.NOT_FOUND
+        if not out or capacity.value < len(samples):
+            capacity.value = len(samples)
             return Return.INSUFFICIENT_SIZE
-        t = self.elapsed()
-        stamp = int(time.time() * 1_000_000)
-        samples = (abi.ProcessUtilizationSample * len(procs)).from_address(out)
-        for sample, proc in zip(samples, procs, strict=True):
-            sample.pid, sample.timeStamp = proc.pid, stamp
-            sample.smUtil, sample.memUtil = _percent(proc.sm_util.at(t)), _percent(proc.memory_util.at(t))
-            sample.encUtil = sample.decUtil = 0
-        capacity.value = len(procs)
+        for entry, (pid, stamp, sm, mem) in zip(
+            (abi.ProcessUtilizationSample * len(samples)).from_address(out), samples, strict=True
+        ):
+            entry.pid, entry.timeStamp, entry.smUtil, entry.memUtil = pid, stamp, sm, mem
+            entry.encUtil = entry.decUtil = 0
+        capacity.value = len(samples)
         return Return.SUCCESS
+
+    def sample_timestamp_us(self, t: float) -> int:
+        """The CPU timestamp (µs since the epoch) the driver gives a sample taken ``t`` seconds after
+        install: wall time at install plus simulated time, so with the default clock it is real time."""
+        return self._wall_t0_us + round(t * 1_000_000)
+
+    def _utilization_samples(self, d: _Device, last_seen: int) -> list[tuple[int, int, int, int]]:
+        """(pid, timeStamp, smUtil, memUtil) of the buffered samples newer than ``last_seen``. The box
+        has been running before install, so the buffer is full from the start."""
+        gpu = d.gpu
+        procs = sorted(self._processes(d, ("C", "G", "C+G")), key=lambda p: p.pid)
+        newest = math.floor(self.elapsed() / gpu.process_sample_period_s)
+        out: list[tuple[int, int, int, int]] = []
+        for k in range(newest - gpu.process_sample_buffer + 1, newest + 1):
+            t = k * gpu.process_sample_period_s
+            stamp = self.sample_timestamp_us(t)
+            if stamp <= last_seen:
+                continue
+            for proc in procs:
+                sm, mem = _percent(proc.sm_util.at(t)), _percent(proc.memory_util.at(t))
+                if sm or mem:
+                    out.append((proc.pid, stamp, sm, mem))
+        return out
 
     @_export("nvmlDeviceGetFieldValues", H, INT, P)
     def _field_values(self, d: _Device, count: int, out: int | None) -> int:

@@ -160,6 +160,10 @@ class SimGpu:
     gpu_max_temp_c: int = 85
     mem_max_temp_c: int = 95
     energy_start_mj: int = 0
+    # Per-process utilization samples (nvmlDeviceGetProcessUtilization): the driver records one per
+    # process with non-zero utilization every period into a ring buffer of this many periods.
+    process_sample_period_s: float = 1.0 / 6.0
+    process_sample_buffer: int = 30
 
 
 @dataclass
@@ -308,6 +312,8 @@ class Scenario:
                 raise ScenarioError(f"gpu {i}: compute_mode must be one of {sorted(COMPUTE_MODES)}")
             if gpu.architecture not in ARCHITECTURES:
                 raise ScenarioError(f"gpu {i}: architecture must be one of {sorted(ARCHITECTURES)}")
+            if not gpu.process_sample_period_s > 0 or gpu.process_sample_buffer < 1:
+                raise ScenarioError(f"gpu {i}: process samples need a positive period and buffer")
             if gpu.memory_reserved + gpu.memory_other_used > gpu.memory_total:
                 raise ScenarioError(f"gpu {i}: reserved + other used memory exceeds the total")
             for j, mig in enumerate(gpu.mig_devices):
