@@ -38,7 +38,7 @@ SIMULATE_ENV = "ANATOMY_TOP_SIMULATE"
 ONCE_WAIT_S = 1.0  # how long --once waits for each training process's first snapshot
 DEMO_WAIT_S = 60.0  # how long --demo --once waits for the demo's job's first measured step with op groups
 # What the text report never prints: not asked of NVML by `--once` without --json.
-TEXT_OMITS = ("uuid", "nvml_version")
+TEXT_OMITS = ("uuid", "nvml_version", "process_utilization")
 # Flags --once may come with that need no parser (anything else goes through argparse).
 _SIMPLE_FLAGS = frozenset({"--once", "--json", "--demo", "--ascii"})
 

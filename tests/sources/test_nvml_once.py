@@ -27,14 +27,21 @@ def test_omitted_fields_are_not_asked_for(sim: Any, clock: Any) -> None:
     lib.calls.clear()
     with NvmlSource(clock=clock, omit=OMITTABLE_FIELDS) as lean_source:
         lean = lean_source.query()
-    assert full.calls - lean.calls == len(scenario.gpus) + 1  # a UUID per GPU, the NVML version
+    busy_gpus = len({p.gpu_index for p in scenario.processes})
+    # A UUID per GPU, the NVML version, per-process utilization per GPU that has processes.
+    assert full.calls - lean.calls == len(scenario.gpus) + 1 + busy_gpus
+    assert asked["nvmlDeviceGetProcessUtilization"] == busy_gpus
+    assert "nvmlDeviceGetProcessUtilization" not in lib.calls
     assert asked["nvmlDeviceGetUUID"] == len(scenario.gpus) and "nvmlDeviceGetUUID" not in lib.calls
     assert "nvmlSystemGetNVMLVersion" not in lib.calls
     assert lean.status.nvml_version is None and full.status.nvml_version is not None
     for a, b in zip(full.gpus, lean.gpus, strict=True):
         assert b.uuid is None and a.uuid == scenario.gpus[a.index].uuid
         assert dataclasses.replace(a, uuid=None) == b  # everything else identical
-    assert lean.processes == full.processes
+    assert all(p.sm_util is None and p.memory_bw_util is None for p in lean.processes)
+    assert all(p.sm_util == 0 and p.memory_bw_util == 0 for p in full.processes)  # idle: no samples
+    unsampled = [dataclasses.replace(p, sm_util=None, memory_bw_util=None) for p in full.processes]
+    assert list(lean.processes) == unsampled
 
 
 def test_unknown_omit_is_refused() -> None:

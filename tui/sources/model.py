@@ -53,6 +53,10 @@ class GpuProcess:
     gpu_memory: int | None = None
     gpu_instance_id: int | None = None  # MIG only
     compute_instance_id: int | None = None  # MIG only
+    # nvmlDeviceGetProcessUtilization's latest sample: SM % and memory-bandwidth % (NVML's "memUtil",
+    # the share of time device memory was read or written); None where the GPU does not sample them.
+    sm_util: int | None = None
+    memory_bw_util: int | None = None
     # psutil enrichment; None where the process exited or belongs to another user/container
     name: str | None = None
     user: str | None = None
@@ -60,6 +64,7 @@ class GpuProcess:
     cpu_percent: float | None = None
     host_rss: int | None = None
     running_time_s: float | None = None
+    started_at: float | None = None  # seconds since the epoch: with the PID, identifies the process
     alive: bool = True
 
 

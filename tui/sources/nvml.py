@@ -39,7 +39,11 @@ _PSTATE_UNKNOWN = 32
 _COMPUTE_MODES = {0: "Default", 1: "Exclusive_Thread", 2: "Prohibited", 3: "Exclusive_Process"}
 
 # Fields a caller may leave unasked (``NvmlSource(omit=...)``): what the text report never prints.
-OMITTABLE_FIELDS = ("uuid", "nvml_version")
+OMITTABLE_FIELDS = ("uuid", "nvml_version", "process_utilization")
+# Per-process utilization is read as the samples of the last PROCESS_SAMPLE_WINDOW_S (lastSeenTimeStamp
+# = now - window, in the driver's CPU time): a refresh faster than the driver's sampling period still
+# finds each busy process's last sample, and a process that went idle reads 0 % after the window.
+PROCESS_SAMPLE_WINDOW_S = 2.0
 
 # Field names of GpuInfo per cache tier.
 IDENTITY_FIELDS = ("name", "uuid", "bus_id")
@@ -123,6 +127,8 @@ class _Device:
         "processes",
         "slow",
         "slow_at",
+        "util_capacity",
+        "util_supported",
     )
 
     def __init__(self, index: int) -> None:
@@ -138,6 +144,10 @@ class _Device:
         self.processes: tuple[GpuProcess, ...] = ()
         # Last list length per process kind, to size the next read's buffer.
         self.proc_capacity: dict[str, int] = {}
+        # nvmlDeviceGetProcessUtilization: the last answer's length (to size the next buffer), and
+        # False once it said NOT_SUPPORTED.
+        self.util_capacity = 0
+        self.util_supported = True
 
 
 def _decode(value: Any) -> str | None:
@@ -159,7 +169,8 @@ class NvmlSource:
     """Reads nvidia-smi's default view from NVML. Thread-safe; every failure is a value.
 
     ``slow_ttl``/``fast_ttl`` are the cache lifetimes in seconds of the slow and fast tiers;
-    ``init_retry_s`` how long to wait before trying a failed ``nvmlInit`` again. ``omit``: names of
+    ``init_retry_s`` how long to wait before trying a failed ``nvmlInit`` again. ``wall_clock``: the
+    time NVML stamps samples with (seconds since the epoch). ``omit``: names of
     optional fields never asked for (left None), so a one-shot report makes only the calls it prints;
     each one of ``OMITTABLE_FIELDS``. ``unavailable_reason``: NVML is known to be unusable before the
     first call (a simulated library that could not be installed): every reading says so.
@@ -177,6 +188,7 @@ class NvmlSource:
         clock: Callable[[], float] = time.monotonic,
         omit: Collection[str] = (),
         unavailable_reason: str | None = None,
+        wall_clock: Callable[[], float] = time.time,
     ) -> None:
         unknown = set(omit) - set(OMITTABLE_FIELDS)
         if unknown:
@@ -187,6 +199,7 @@ class NvmlSource:
         self.fast_ttl = fast_ttl
         self.init_retry_s = init_retry_s
         self._clock = clock
+        self._wall_clock = wall_clock
         self._lock = threading.Lock()
         self._closed = False
         self._initialized = False
@@ -392,7 +405,8 @@ class NvmlSource:
                 dev.slow, dev.slow_at = self._read_slow(dev.handle), now
             if dev.fast is None or now - dev.fast_at >= self.fast_ttl:
                 dev.fast = self._read_fast(dev.handle)
-                dev.processes = self._read_processes(dev, bool(dev.slow.get("mig_mode")))
+                mig = bool(dev.slow.get("mig_mode"))
+                dev.processes = self._with_utilization(dev, self._read_processes(dev, mig), mig)
                 dev.fast_at = now
         except _GpuLost as exc:
             dev.lost, dev.error = True, str(exc)
@@ -535,6 +549,61 @@ class NvmlSource:
             )
             for (pid, _gi, _ci), row in merged.items()
         )
+
+    def _with_utilization(
+        self, dev: _Device, procs: tuple[GpuProcess, ...], mig: bool
+    ) -> tuple[GpuProcess, ...]:
+        """``procs`` with their SM % and memory-bandwidth %: 0 for a process the driver has no recent
+        sample of (it samples only busy ones), None everywhere when the GPU does not sample (MIG,
+        many consumer boards, an error)."""
+        if not procs or mig or not dev.util_supported or "process_utilization" in self.omit:
+            return procs  # no process to attribute, or known N/A: no call
+        pynvml = self._nvml
+
+        def read() -> dict[int, tuple[int, int]]:
+            try:
+                return self._utilization_samples(dev)
+            except pynvml.NVMLError_NotFound:  # no sample since the last read: nothing was busy
+                return {}
+            except pynvml.NVMLError_NotSupported:
+                dev.util_supported = False  # a board's support does not change while we run
+                raise
+
+        latest = self._get(("nvmlDeviceGetProcessUtilization", read))
+        if latest is None:
+            return procs
+        return tuple(
+            replace(p, sm_util=latest.get(p.pid, (0, 0))[0], memory_bw_util=latest.get(p.pid, (0, 0))[1])
+            for p in procs
+        )
+
+    def _utilization_samples(self, dev: _Device) -> dict[int, tuple[int, int]]:
+        """pid -> (smUtil, memUtil) of its newest sample in the window. One call with a buffer sized
+        from the last answer; NVML's size protocol only when the list grew."""
+        pynvml = self._nvml
+        fn = pynvml._nvmlGetFunctionPointer("nvmlDeviceGetProcessUtilization")
+        struct = pynvml.c_nvmlProcessUtilizationSample_t
+        since = ctypes.c_ulonglong(max(0, int((self._wall_clock() - PROCESS_SAMPLE_WINDOW_S) * 1_000_000)))
+        capacity = dev.util_capacity * 2 + 8
+        for attempt in range(4):
+            if attempt:
+                self._calls += 1
+            buffer = (struct * capacity)()
+            count = ctypes.c_uint(capacity)
+            ret = fn(dev.handle, buffer, ctypes.byref(count), since)
+            if ret == pynvml.NVML_ERROR_INSUFFICIENT_SIZE:
+                capacity = count.value * 2 + 8  # samples taken between the calls
+                continue
+            pynvml._nvmlCheckReturn(ret)
+            n = min(count.value, capacity)
+            dev.util_capacity = n
+            latest: dict[int, tuple[int, int, int]] = {}
+            for sample in buffer[:n]:  # a process may have a sample per period: keep its newest
+                stamp, pid = int(sample.timeStamp), int(sample.pid)
+                if stamp >= latest.get(pid, (-1, 0, 0))[0]:
+                    latest[pid] = (stamp, min(100, int(sample.smUtil)), min(100, int(sample.memUtil)))
+            return {pid: (sm, mem) for pid, (_stamp, sm, mem) in latest.items()}
+        raise pynvml.NVMLError(pynvml.NVML_ERROR_INSUFFICIENT_SIZE)
 
     def _process_list(self, dev: _Device, kind: str) -> list[tuple[int, int | None, int | None, int | None]]:
         pynvml = self._nvml

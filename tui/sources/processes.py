@@ -119,11 +119,13 @@ class ProcessEnricher:
         resident = reader.resident_bytes(pid)
         if resident is None:
             raise _Gone
+        created = reader.created(stat)
         return {
             **static,
             "cpu_percent": cpu,
             "host_rss": resident,
-            "running_time_s": max(0.0, self._clock() - reader.created(stat)),
+            "running_time_s": max(0.0, self._clock() - created),
+            "started_at": created,
             "alive": True,
         }
 
@@ -166,5 +168,6 @@ class ProcessEnricher:
             "cpu_percent": cpu,
             "host_rss": None if memory is None else int(memory.rss),
             "running_time_s": None if created is None else max(0.0, self._clock() - created),
+            "started_at": created,
             "alive": True,
         }

@@ -223,6 +223,7 @@ class ProcReader:
             "cpu_percent": None,
             "host_rss": rss,
             "running_time_s": None if created is None else max(0.0, self.now - created),
+            "started_at": created,
             "alive": True,
         }
 
