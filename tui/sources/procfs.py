@@ -52,6 +52,7 @@ class ProcStat:
 
     comm: str
     state: str
+    ppid: int
     cpu_ticks: int  # utime + stime, in clock ticks
     start_ticks: int  # since boot, in clock ticks: with the PID, identifies the process
     rss_pages: int  # approximate on recent kernels (per-CPU counters): see read_resident_pages
@@ -65,6 +66,7 @@ def parse_proc_stat(data: bytes) -> ProcStat:
     return ProcStat(
         comm=_text(data[open_paren + 1 : close_paren]),
         state=fields[0].decode("ascii", "replace"),
+        ppid=int(fields[1]),  # ppid (4)
         cpu_ticks=int(fields[11]) + int(fields[12]),  # utime (14), stime (15)
         start_ticks=int(fields[19]),  # starttime (22)
         rss_pages=int(fields[21]),  # rss (24)
@@ -170,8 +172,8 @@ class ProcReader:
             return None
         return None if data is None else parse_cmdline(data)
 
-    def user_of(self, pid: int) -> str | None:
-        """The owner of the real uid (as psutil's username()); None where unreadable."""
+    def uid_of(self, pid: int) -> int | None:
+        """The real uid (the owner, as psutil's uids().real); None where unreadable or gone."""
         try:
             status = read_file(f"{self.proc}/{pid}/status")
         except OSError:
@@ -182,10 +184,14 @@ class ProcReader:
         if start == 0 and not status.startswith(b"Uid:"):
             return None
         try:
-            real_uid = int(status[start + 4 :].split(None, 1)[0])  # real, effective, saved, fs
+            return int(status[start + 4 :].split(None, 1)[0])  # real, effective, saved, fs
         except (ValueError, IndexError):
             return None
-        return self.user(real_uid)
+
+    def user_of(self, pid: int) -> str | None:
+        """The owner of the real uid (as psutil's username()); None where unreadable."""
+        uid = self.uid_of(pid)
+        return None if uid is None else self.user(uid)
 
     def static(self, pid: int, comm: str | None) -> dict[str, object]:
         """What does not change while a process runs (unless it execs or renames itself)."""
