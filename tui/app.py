@@ -32,6 +32,7 @@ from textual.message import Message
 from textual.timer import Timer
 from textual.widgets import Input
 
+from tui import process_actions
 from tui.intervals import (
     DEFAULT_INTERVAL,
     INTERVAL_STEPS,
@@ -41,11 +42,14 @@ from tui.intervals import (
     next_interval,
 )
 from tui.sources.anatomy_source import TrainingProcess
+from tui.sources.filters import ProcessFilter
+from tui.sources.history import MachineHistory
 from tui.sources.model import GpuProcess, MachineSnapshot
 from tui.sources.reconcile import nvml_process_bytes
 from tui.terminal import Display
 from tui.widgets import display_filter
 from tui.widgets.anatomy_pane import AnatomyPane
+from tui.widgets.gpu_history import GpuHistory
 from tui.widgets.gpu_table import COMPACT, FULL, GpuTable
 from tui.widgets.header import MachineHeader, NvmlBanner
 from tui.widgets.key_bar import KeyBar
@@ -147,6 +151,17 @@ class AnatomyTopApp(App[int]):
         Binding("j", "move(1)", "Down", show=False),
         Binding("k", "move(-1)", "Up", show=False),
         Binding("escape", "escape", "Clear", show=False),
+        # Acting on the selected process (tui/process_actions.py).
+        Binding("t", "tree", "Tree"),
+        Binding("e", "environment", "Env"),
+        Binding("K", "signal('kill')", "Kill"),
+        Binding("T", "signal('terminate')", "Term", show=False),
+        Binding("I", "signal('interrupt')", "Int", show=False),
+        Binding("enter", "metrics", "Metrics", show=False),
+        Binding("u", "filter_by('user')", "User", show=False),
+        Binding("g", "filter_by('gpu')", "GPU", show=False),
+        Binding("P", "filter_by('pid')", "PID", show=False),
+        Binding("h", "gpu_history", "History", show=False),
     ]
 
     def __init__(
@@ -162,6 +177,7 @@ class AnatomyTopApp(App[int]):
         caps: Display | None = None,
         first_machine: MachineSnapshot | None = None,
         starting_pid: int | None = None,
+        process_filter: ProcessFilter | None = None,
     ) -> None:
         super().__init__()
         self.machine_source = machine_source
@@ -175,6 +191,12 @@ class AnatomyTopApp(App[int]):
         self.set_class(self.caps.ascii, "-ascii")
         # A machine snapshot read before Textual started (the start-up frame's): shown at once.
         self.machine: MachineSnapshot | None = first_machine
+        # What --only/--user/--pid and u/g/P show; the history every view's charts read.
+        self.process_filter = process_filter if process_filter is not None else ProcessFilter()
+        self.history = MachineHistory()
+        if first_machine is not None:
+            self.history.record(first_machine)
+        self.action_messages: list[str] = []  # what the process actions told, newest last
         # A training job known to be starting (the demo's): the anatomy pane waits for it by name.
         self.starting_pid = starting_pid
         self.gpu_mode: str | None = None  # None: by width (full side by side, compact below); else f's choice
@@ -204,6 +226,7 @@ class AnatomyTopApp(App[int]):
         with Horizontal(id="body", classes=f"-pane-{PANE_NVSMI}"):
             with Vertical(id="nvsmi-pane"):
                 yield GpuTable(id="gpus")
+                yield GpuHistory(id="gpu-history")
                 yield TextStatic(id="proc-bar")
                 yield Input(placeholder="filter: command, user or PID", id="filter")
                 yield ProcessTable(id="processes")
@@ -212,6 +235,7 @@ class AnatomyTopApp(App[int]):
 
     def on_mount(self) -> None:
         self.query_one("#filter", Input).display = False
+        self.query_one(GpuHistory).display = False
         self.query_one(ProcessTable).focus()
         self._apply_layout()
         if self.machine is not None:
@@ -308,6 +332,9 @@ class AnatomyTopApp(App[int]):
         self.polls += 1
         if message.machine is not None:
             self.machine = message.machine
+            self.history.record(message.machine)
+            if self.polls == 1:
+                process_actions.check_filter(self)
         self.training = [t for t in message.training if t.pid > 0]
         self.host_figures = message.host_figures
         # The anatomy source reports its own failure as a PID-less entry.
@@ -343,8 +370,12 @@ class AnatomyTopApp(App[int]):
         with self.batch_update():
             self._render_header()
             self.query_one(NvmlBanner).show(self.machine)
-            self.query_one(GpuTable).show(self.machine.gpus if self.machine is not None else ())
-            rows = build_rows(self.machine, self.training, self.host_figures)
+            gpus = self.process_filter.gpus_of(self.machine.gpus if self.machine is not None else ())
+            self.query_one(GpuTable).show(gpus)
+            history = self.query_one(GpuHistory)
+            if history.display:
+                history.show(gpus, self.history)
+            rows = self.process_filter.rows(build_rows(self.machine, self.training, self.host_figures))
             table = self.query_one(ProcessTable)
             table.show(rows)
             if not table.user_moved:
@@ -392,6 +423,9 @@ class AnatomyTopApp(App[int]):
         if publishing:
             text.append(f" · {publishing} publishing ◆", style="green")
         text.append(f" · sort {table.sort_label}", style="bright_black")
+        if self.process_filter.active:
+            text.append(" · only ", style="bright_black")
+            text.append(self.process_filter.describe(), style="yellow")
         if table.filter_text:
             text.append(" · filter ", style="bright_black")
             text.append(Text(repr(table.filter_text), style="yellow"))
@@ -587,6 +621,31 @@ class AnatomyTopApp(App[int]):
         self._render_all()
         self.refresh_now()
 
+    # -- acting on processes (the logic is in tui/process_actions.py) ---------------------------
+
+    def action_signal(self, name: str) -> None:
+        process_actions.signal_selected(self, name)
+
+    def action_tree(self) -> None:
+        process_actions.show_tree(self)
+
+    def action_environment(self) -> None:
+        process_actions.show_environment(self)
+
+    def action_metrics(self) -> None:
+        process_actions.show_metrics(self)
+
+    def action_filter_by(self, kind: str) -> None:
+        process_actions.toggle_filter(self, kind)
+
+    def action_gpu_history(self) -> None:
+        process_actions.toggle_history(self)
+
+    def refresh_filters(self) -> None:
+        """Show the current filters and panels at once, without waiting for the next poll."""
+        with contextlib.suppress(NoMatches):
+            self._render_all()
+
     def action_move(self, delta: int) -> None:
         focused = self.focused
         if isinstance(focused, LineTable):
@@ -644,6 +703,7 @@ def run_app(
         caps=caps,
         first_machine=first_machine,
         starting_pid=starting_pid,
+        process_filter=getattr(args, "process_filter", None),
     )
     try:
         app.run()

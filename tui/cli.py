@@ -58,6 +58,7 @@ examples:
   {PROG}                        live monitor, refreshed {describe_interval(DEFAULT_INTERVAL)}
   {PROG} --interval 0.5         live monitor, twice a second
   {PROG} --ascii                no box drawing or symbols the terminal cannot show
+  {PROG} --only 0,1 --user      GPUs 0 and 1, my processes only (also --pid 4242)
   NO_COLOR=1 {PROG}             no colour escape at all (also TERM=dumb)
   {PROG} --once                 one nvidia-smi-style text report, then exit
   {PROG} --once --json          one JSON document for scripts (e.g. | jq .gpus)
@@ -79,6 +80,7 @@ class _Options:
         self.demo = demo
         self.ascii = ascii
         self.interval = DEFAULT_INTERVAL
+        self.process_filter = None
 
 
 def interval_seconds(text: str) -> float:
@@ -129,6 +131,24 @@ def build_parser() -> argparse.ArgumentParser:
         help="draw with ASCII only: no box drawing, blocks or symbols (automatic when the locale is not "
         "UTF-8); NO_COLOR=1 or TERM=dumb turn colour off",
     )
+    filters = parser.add_argument_group(
+        "filters (the monitor and --once; in the monitor u, g and P toggle them for the selected process)"
+    )
+    filters.add_argument(
+        "--only",
+        action="append",
+        metavar="GPU[,GPU]",
+        help="show only these GPUs (indices as nvidia-smi numbers them) and their processes",
+    )
+    filters.add_argument(
+        "--user",
+        action="append",
+        nargs="?",
+        const="",
+        metavar="USER[,USER]",
+        help="show only these users' processes; --user alone: your own",
+    )
+    filters.add_argument("--pid", action="append", metavar="PID[,PID]", help="show only these processes")
     parser.add_argument(
         "--version", action="version", version=f"{PROG} {__version__}", help="print the version and exit"
     )
@@ -144,6 +164,12 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace | _Options:
     args = parser.parse_args(argv)
     if args.json and not args.once:
         parser.error("--json only goes with --once")
+    from tui.sources.filters import FilterError, from_args
+
+    try:
+        args.process_filter = from_args(args.only, args.user, args.pid)
+    except FilterError as exc:
+        parser.error(str(exc))
     return args
 
 
@@ -290,8 +316,12 @@ def machine_once(
     return first_snapshot(NvmlSource(omit=omit, unavailable_reason=nvml_unavailable), close=True)
 
 
-def run_once(as_json: bool, nvml_unavailable: str | None = None) -> int:
+def run_once(as_json: bool, nvml_unavailable: str | None = None, process_filter: Any = None) -> int:
     machine, calls = machine_once(() if as_json else TEXT_OMITS, nvml_unavailable)
+    if process_filter is not None and process_filter.active:
+        for index in process_filter.unknown_gpus(machine.gpus):
+            print(f"{PROG}: --only {index}: no such GPU here", file=sys.stderr)
+        machine = process_filter.apply(machine)
     training = _training(machine, as_json)
     if not machine.nvml.available:
         print(f"{PROG}: no GPU shown: {machine.nvml.reason}", file=sys.stderr)
@@ -346,7 +376,8 @@ def run_monitor(args: Any, nvml_unavailable: str | None = None, starting_pid: in
     interval = float(getattr(args, "interval", DEFAULT_INTERVAL) or DEFAULT_INTERVAL)
     nvml = NvmlSource(unavailable_reason=nvml_unavailable)
     first, _ = first_snapshot(nvml)
-    painted = first_frame.paint(first, caps, interval)
+    process_filter = getattr(args, "process_filter", None)
+    painted = first_frame.paint(process_filter.apply(first) if process_filter else first, caps, interval)
     try:
         from tui.app import run_app
     except ImportError as exc:
@@ -380,7 +411,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             stop, starting_pid = start_demo(once=args.once)
         nvml_unavailable = install_simulation()
         if args.once:
-            return run_once(args.json, nvml_unavailable)
+            return run_once(args.json, nvml_unavailable, args.process_filter)
         return run_monitor(args, nvml_unavailable, starting_pid)
     except KeyboardInterrupt:
         return 130

@@ -33,7 +33,7 @@ from tui.widgets.gpu_layout import (
 from tui.widgets.gpu_layout import gpu_cells as compact_cells
 from tui.widgets.header_text import COMPACT_BELOW, header_text
 from tui.widgets.layout import anatomy_width, gpu_mode_for, gpu_table_height, is_wide
-from tui.widgets.process_cells import COLUMNS, GAP, JUSTIFY, elide_middle, process_cells
+from tui.widgets.process_cells import GAP, JUSTIFY, columns_for, elide_middle, picker, process_cells
 from tui.widgets.process_rows import TRAINING_FIRST, build_rows, sort_rows
 
 ENTER = "\x1b[?1049h\x1b[?25l\x1b[H\x1b[2J"  # alternate screen, cursor hidden, cleared
@@ -172,9 +172,12 @@ def layout_lines(
     bar.append(str(len(rows)))
     placed[y] = (1, bar)
     y += 1
-    columns = [(key, label, JUSTIFY.get(key, "left")) for key, label in COLUMNS]
+    shown = columns_for(pane - 2)  # the process table's own rule, so the columns do not jump
+    pick = picker(shown)
+    columns = [(key, label, JUSTIFY.get(key, "left")) for key, label in shown]
     flex = next(i for i, (key, _, _) in enumerate(columns) if key == "command")
-    for line in _table(columns, [process_cells(r) for r in rows], pane - 2, GAP, flex, elide_middle):
+    cells = [tuple(full[i] for i in pick) for full in (process_cells(r) for r in rows)]
+    for line in _table(columns, cells, pane - 2, GAP, flex, elide_middle):
         if y >= height - 1:
             break
         placed[y] = (0, line)

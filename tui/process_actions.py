@@ -190,6 +190,18 @@ def toggle_filter(app: Any, kind: str) -> None:
     app.refresh_filters()
 
 
+def check_filter(app: Any) -> None:
+    """Say so when --only names a GPU the machine does not have (a typo shows an empty table)."""
+    machine = app.machine
+    if machine is None or not machine.nvml.available:
+        return
+    unknown = app.process_filter.unknown_gpus(machine.gpus)
+    if unknown:
+        have = ", ".join(str(g.index) for g in machine.gpus) or "none"
+        names = ",".join(str(i) for i in unknown)
+        tell(app, f"--only {names}: no such GPU here (GPUs: {have})", "warning", 10)
+
+
 def toggle_history(app: Any) -> None:
     from tui.widgets.gpu_history import GpuHistory
 
@@ -200,6 +212,7 @@ def toggle_history(app: Any) -> None:
 
 __all__ = [
     "FOLLOW_UP_S",
+    "check_filter",
     "request_signal",
     "selected_process",
     "show_environment",

@@ -23,14 +23,19 @@ from anatomy.vocabulary import Component
 from tui import format as fmt
 from tui.app import AnatomyTopApp
 from tui.widgets.anatomy_pane import AnatomyPane
+from tui.widgets.environ_screen import EnvironScreen
+from tui.widgets.gpu_history import GpuHistory
 from tui.widgets.gpu_layout import COMPACT, FULL, short_name
 from tui.widgets.gpu_table import GpuTable
 from tui.widgets.header import MachineHeader, NvmlBanner
 from tui.widgets.key_bar import KeyBar, key_label
 from tui.widgets.layout import WIDE_FROM
 from tui.widgets.line_table import LineTable
+from tui.widgets.process_metrics import ProcessMetricsScreen
 from tui.widgets.process_rows import SORT_KEYS, TRAINING_FIRST
 from tui.widgets.process_table import ProcessTable
+from tui.widgets.signal_dialog import SignalDialog
+from tui.widgets.tree_screen import TreeScreen
 
 MakeApp = Callable[..., AnatomyTopApp]
 ReadScreen = Callable[[AnatomyTopApp], str]
@@ -137,6 +142,8 @@ async def test_sort_cycles_columns_and_reverses(make_app: MakeApp) -> None:
         assert table.sort_column == "gpu_memory"
         plain_order = [table.rows_by_key[k].pid for k in table.visible_keys][: len(procs)]
         assert plain_order == [p.pid for p in sorted(procs, key=lambda p: -(p.gpu_memory or 0))]
+        await pilot.press("s")  # next column: SM % (the frozen GPUs do not sample: all N/A, GPU then PID)
+        assert table.sort_column == "sm_util"
         await pilot.press("s")  # next column: CPU %
         assert table.sort_column == "cpu_percent"
         cpu = {p.pid: p.cpu_percent for p in procs}
@@ -147,7 +154,7 @@ async def test_sort_cycles_columns_and_reverses(make_app: MakeApp) -> None:
         shown_rev = [table.rows_by_key[k].pid for k in table.visible_keys]
         assert [cpu[p] for p in shown_rev] == sorted(cpu.values())
         assert "CPU% ▲" in _static_text(app.query_one("#proc-bar", Static))
-        for _ in range(len(SORT_KEYS) - 2):  # a full cycle comes back to the first order
+        for _ in range(len(SORT_KEYS) - 3):  # a full cycle comes back to the first order
             await pilot.press("s")
         assert table.sort_column == SORT_KEYS[0] == TRAINING_FIRST
 
@@ -300,6 +307,11 @@ async def test_every_key_in_the_help_screen_works(make_app: MakeApp) -> None:
         async def enter() -> None:
             await pilot.press("enter")
             assert app.focused is table and table.filter_text == "carol"
+            await pilot.press("enter")  # on a process now: its metrics
+            assert isinstance(app.screen, ProcessMetricsScreen)
+            assert app.screen.ref.pid == table.selected_row.pid  # type: ignore[union-attr]
+            await pilot.press("escape")
+            assert app.screen is app.screen_stack[0]
 
         async def escape() -> None:
             await pilot.press("escape")
@@ -327,6 +339,50 @@ async def test_every_key_in_the_help_screen_works(make_app: MakeApp) -> None:
             await _select_pid(app, pilot, frozen.OOM_PID)
             await pilot.press("x")
             assert frozen.OOM_PID in app.anatomy_source.dismissed  # type: ignore[attr-defined]
+
+        async def tree() -> None:
+            await pilot.press("t")
+            assert isinstance(app.screen, TreeScreen)
+            await pilot.press("escape")
+            assert app.screen is app.screen_stack[0]
+
+        async def signals_() -> None:
+            # The frozen PIDs are not this test's processes: each key either finds the PID gone or
+            # someone else's, or asks first; nothing is sent without enter.
+            for key in ("T", "K", "I"):
+                before = len(app.action_messages)
+                await pilot.press(key)
+                await pilot.pause()
+                if isinstance(app.screen, SignalDialog):
+                    await pilot.press("escape")
+                    await pilot.pause()
+                    assert app.action_messages[-1].startswith("cancelled: nothing sent")
+                else:
+                    assert app.action_messages[before].startswith(("not sent:", "not permitted:"))
+
+        async def environment() -> None:
+            await pilot.press("e")
+            assert isinstance(app.screen, EnvironScreen)
+            await pilot.press("escape")
+            assert app.screen is app.screen_stack[0]
+
+        async def filters() -> None:
+            total = table.row_count
+            for key, field in (("u", "user"), ("g", "gpu_index"), ("P", "pid")):
+                await _select_pid(app, pilot, frozen.TRAIN_PID)
+                chosen = getattr(table.selected_row, field)
+                await pilot.press(key)
+                shown = [getattr(r, field) for r in table.rows_by_key.values()]
+                assert shown and set(shown) == {chosen}, key
+                await pilot.press(key)
+                assert table.row_count == total, key
+
+        async def history() -> None:
+            panel = app.query_one(GpuHistory)
+            await pilot.press("h")
+            assert panel.display and "util" in str(panel.text)
+            await pilot.press("h")
+            assert not panel.display
 
         async def help_() -> None:
             await pilot.press("question_mark")
@@ -406,6 +462,11 @@ async def test_every_key_in_the_help_screen_works(make_app: MakeApp) -> None:
             "+": plus,
             "-": minus,
             "x": dismiss,
+            "t": tree,
+            "T  K  I": signals_,
+            "e": environment,
+            "u  g  P": filters,
+            "h": history,
             "?": help_,
             "q  ctrl+q  ctrl+c": quit_,
         }

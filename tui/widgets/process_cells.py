@@ -14,16 +14,38 @@ COLUMNS: tuple[tuple[str, str], ...] = (
     ("user", "USER"),
     ("type", "TYPE"),
     ("gpu_memory", "GPU MEM"),
+    ("sm", "SM%"),
+    ("mbw", "MBW%"),
     ("cpu", "CPU%"),
     ("host_mem", "HOST MEM"),
     ("time", "TIME"),
     ("command", "COMMAND"),
 )
 COLUMN_KEYS: tuple[str, ...] = tuple(k for k, _ in COLUMNS)
+# NVML's per-process samples take ten cells; a pane narrower than this gives them to the command line,
+# which must stay readable (program, script and arguments) in a side-by-side pane.
+SAMPLE_COLUMNS = ("sm", "mbw")
+SAMPLES_FROM = 100
+
+
+def columns_for(width: int) -> tuple[tuple[str, str], ...]:
+    """The columns a process table ``width`` cells wide shows."""
+    if width >= SAMPLES_FROM:
+        return COLUMNS
+    return tuple(c for c in COLUMNS if c[0] not in SAMPLE_COLUMNS)
+
+
+def picker(columns: tuple[tuple[str, str], ...]) -> tuple[int, ...]:
+    """Indices into a full row of cells (COLUMNS order) of ``columns``."""
+    return tuple(COLUMN_KEYS.index(key) for key, _ in columns)
+
+
 JUSTIFY = {
     "gpu": "right",
     "pid": "right",
     "gpu_memory": "right",
+    "sm": "right",
+    "mbw": "right",
     "cpu": "right",
     "host_mem": "right",
     "time": "right",
@@ -105,6 +127,8 @@ def shown_values(row: ProcessRow) -> tuple[object, ...]:
         row.user,
         row.type,
         fmt.fmt_bytes(row.gpu_memory),
+        fmt.fmt_percent(row.sm_util),
+        fmt.fmt_percent(row.memory_bw_util),
         fmt.fmt_percent(row.cpu_percent, 1),
         fmt.fmt_bytes(row.host_rss),
         fmt.fmt_elapsed(row.running_time_s),
@@ -119,7 +143,7 @@ def process_cells(row: ProcessRow) -> tuple[Text, ...]:
 
 
 def cells_of(values: tuple[object, ...]) -> tuple[Text, ...]:
-    state, gpu_index, pid, user, type_, gpu_memory, cpu, rss, elapsed, command, alive, _rank = values
+    state, gpu_index, pid, user, type_, gpu_memory, sm, mbw, cpu, rss, elapsed, command, alive, _rank = values
     # The rank is in the anatomy pane and its ranks table; here every cell goes to the command line.
     command_text = Text(style="" if alive else "strike bright_black")
     if state == "oom":
@@ -133,6 +157,8 @@ def cells_of(values: tuple[object, ...]) -> tuple[Text, ...]:
         Text(str(user or fmt.NA)),
         Text(str(type_)),
         _right(str(gpu_memory)),
+        _right(str(sm)),
+        _right(str(mbw)),
         _right(str(cpu)),
         _right(str(rss)),
         _right(str(elapsed)),

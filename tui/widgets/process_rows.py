@@ -22,6 +22,8 @@ class ProcessRow:
     gpu_index: int | None = None
     type: str = "-"
     gpu_memory: int | None = None
+    sm_util: int | None = None  # NVML's per-process samples; None where the GPU does not sample
+    memory_bw_util: int | None = None
     user: str | None = None
     command: str | None = None
     cpu_percent: float | None = None
@@ -48,6 +50,7 @@ TRAINING_FIRST = "training_first"
 SORT_COLUMNS: tuple[SortColumn, ...] = (
     SortColumn(TRAINING_FIRST, "◆ first, GPU MEM"),
     SortColumn("gpu_memory", "GPU MEM"),
+    SortColumn("sm_util", "SM%"),
     SortColumn("cpu_percent", "CPU%"),
     SortColumn("host_rss", "HOST MEM"),
     SortColumn("running_time_s", "TIME"),
@@ -58,7 +61,7 @@ SORT_COLUMNS: tuple[SortColumn, ...] = (
 )
 SORT_KEYS: tuple[str, ...] = tuple(c.key for c in SORT_COLUMNS)
 # Numbers read best largest first; names alphabetically.
-_DESCENDING_BY_DEFAULT = {"gpu_memory", "cpu_percent", "host_rss", "running_time_s"}
+_DESCENDING_BY_DEFAULT = {"gpu_memory", "sm_util", "cpu_percent", "host_rss", "running_time_s"}
 # Interpreters and launchers whose first argument is the program a reader wants to see.
 LAUNCHERS = ("python", "pypy", "torchrun", "accelerate", "deepspeed", "bash", "sh", "node", "ruby", "perl")
 
@@ -114,6 +117,8 @@ def _from_gpu_process(key: str, p: GpuProcess, t: TrainingProcess | None, on_gpu
         command=p.command
         or p.name
         or (t.hello.model_class if t is not None and t.hello is not None else None),
+        sm_util=p.sm_util if on_gpu else None,
+        memory_bw_util=p.memory_bw_util if on_gpu else None,
         cpu_percent=p.cpu_percent,
         host_rss=p.host_rss,
         running_time_s=p.running_time_s,

@@ -16,8 +16,10 @@ from tui.widgets.process_cells import (
     GAP,
     JUSTIFY,
     cells_of,
+    columns_for,
     elide_middle,
     glyph_for,
+    picker,
     process_cells,
     shown_values,
 )
@@ -43,13 +45,15 @@ class ProcessTable(LineTable):
 
     def __init__(self, **kwargs: Any) -> None:
         super().__init__(
-            [(key, label, JUSTIFY.get(key, "left")) for key, label in COLUMNS],
+            self._columns(COLUMNS),
             cursor=True,
             gap=GAP,
             flex="command",
             elide=elide_middle,
             **kwargs,
         )
+        self._shown_columns = COLUMNS  # all of them, or without the samples when narrow (columns_for)
+        self._pick = picker(COLUMNS)
         self._all: list[ProcessRow] = []
         self.rows_by_key: dict[str, ProcessRow] = {}
         self.sort_column: str = SORT_KEYS[0]
@@ -59,6 +63,7 @@ class ProcessTable(LineTable):
         # Per row key: the shown values and their cells, reused while the values are equal (most rows,
         # most refreshes), so set_rows sees the very same cell tuple and skips the row.
         self._cells_cache: dict[str, tuple[tuple[object, ...], tuple[Text, ...]]] = {}
+        self._narrow_cache: dict[str, tuple[tuple[Text, ...], tuple[int, ...], tuple[Text, ...]]] = {}
 
     # -- state changes ------------------------------------------------------------------------
 
@@ -103,6 +108,16 @@ class ProcessTable(LineTable):
     def total_count(self) -> int:
         return len(self._all)
 
+    def _narrow_cells_for(self, row: ProcessRow, pick: tuple[int, ...]) -> tuple[Text, ...]:
+        # Cached like the full cells, so an unchanged row is still the very same tuple.
+        full = self._cells_for(row)
+        cached = self._narrow_cache.get(row.key)
+        if cached is not None and cached[0] is full and cached[1] == pick:
+            return cached[2]
+        cells = tuple(full[i] for i in pick)
+        self._narrow_cache[row.key] = (full, pick, cells)
+        return cells
+
     def _cells_for(self, row: ProcessRow) -> tuple[Text, ...]:
         values = shown_values(row)
         cached = self._cells_cache.get(row.key)
@@ -112,13 +127,31 @@ class ProcessTable(LineTable):
         self._cells_cache[row.key] = (values, cells)
         return cells
 
+    @staticmethod
+    def _columns(columns: tuple[tuple[str, str], ...]) -> list[tuple[str, str, str]]:
+        return [(key, label, JUSTIFY.get(key, "left")) for key, label in columns]
+
+    def on_resize(self) -> None:
+        columns = columns_for(self.size.width)
+        if columns != self._shown_columns:
+            self._shown_columns, self._pick = columns, picker(columns)
+            self.set_columns(self._columns(columns), flex="command")
+            self._render_rows()
+            return
+        super().on_resize()
+
     def _render_rows(self) -> None:
         shown = sort_rows(filter_rows(self._all, self.filter_text), self.sort_column, self.sort_reverse)
         self.rows_by_key = {r.key: r for r in shown}
-        self.set_rows([(r.key, self._cells_for(r)) for r in shown])
+        pick = self._pick
+        if len(pick) == len(COLUMNS):
+            self.set_rows([(r.key, self._cells_for(r)) for r in shown])
+        else:
+            self.set_rows([(r.key, self._narrow_cells_for(r, pick)) for r in shown])
         if len(self._cells_cache) > 2 * len(self._all) + 16:
             keys = {r.key for r in self._all}
             self._cells_cache = {k: v for k, v in self._cells_cache.items() if k in keys}
+            self._narrow_cache = {k: v for k, v in self._narrow_cache.items() if k in keys}
 
     # -- the user's own moves ------------------------------------------------------------------
 
