@@ -56,6 +56,11 @@ GLOSSARY: tuple[tuple[str, str], ...] = (
         "anatomy kept, x dismisses it) · exited · its anatomy could not be read",
     ),
     (
+        "SM%  MBW%",
+        "a process's share of time keeping the SMs busy / reading or writing GPU memory (NVML's "
+        "per-process samples; 0% = not busy lately; N/A where the GPU does not sample processes)",
+    ),
+    (
         "At peak",
         "what each component held at the moment of the step's memory peak; the rows add up to the total line",
     ),

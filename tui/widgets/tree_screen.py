@@ -18,6 +18,8 @@ from tui.sanitize import clean
 from tui.sources.model import GpuProcess
 from tui.sources.tree import ANCESTOR, CHILD, GPU, ProcessTree, TreeRow
 from tui.widgets.line_table import LineTable
+from tui.widgets.process_cells import elide_middle
+from tui.widgets.process_rows import readable_command
 from tui.widgets.text_static import TextStatic
 
 COLUMNS: tuple[tuple[str, str, str], ...] = (
@@ -45,7 +47,7 @@ def tree_cells(row: TreeRow) -> tuple[Text, ...]:
     if not row.alive:
         style = "strike bright_black"
     command = Text(tree_prefix(row), style="bright_black")
-    command.append(clean(row.command or row.name or fmt.NA), style=style)
+    command.append(clean(readable_command(row.command) or row.name or fmt.NA), style=style)
     if not row.alive:
         command.append("  (not on this host: exited, or another PID namespace)", style="bright_black")
     gpus = ",".join(str(i) for i in row.gpus)
@@ -71,7 +73,9 @@ class TreeTable(LineTable):
     """
 
     def __init__(self, **kwargs: object) -> None:
-        super().__init__(COLUMNS, cursor=True, **kwargs)  # type: ignore[arg-type]
+        # The command takes what the other columns leave, its middle elided (tree, program, script and
+        # last arguments stay), as in the process table.
+        super().__init__(COLUMNS, cursor=True, flex="command", elide=elide_middle, **kwargs)  # type: ignore[arg-type]
         self.rows_by_key: dict[str, TreeRow] = {}
 
     def show(self, rows: Sequence[TreeRow]) -> None:
