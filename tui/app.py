@@ -32,7 +32,6 @@ from textual.message import Message
 from textual.timer import Timer
 from textual.widgets import Input
 
-from tui import process_actions
 from tui.intervals import (
     DEFAULT_INTERVAL,
     INTERVAL_STEPS,
@@ -333,7 +332,9 @@ class AnatomyTopApp(App[int]):
         if message.machine is not None:
             self.machine = message.machine
             self.history.record(message.machine)
-            if self.polls == 1:
+            if self.polls == 1 and self.process_filter.gpus is not None:
+                from tui import process_actions
+
                 process_actions.check_filter(self)
         self.training = [t for t in message.training if t.pid > 0]
         self.host_figures = message.host_figures
@@ -621,24 +622,36 @@ class AnatomyTopApp(App[int]):
         self._render_all()
         self.refresh_now()
 
-    # -- acting on processes (the logic is in tui/process_actions.py) ---------------------------
+    # -- acting on processes (the logic is in tui/process_actions.py, imported when first used) ----
 
     def action_signal(self, name: str) -> None:
+        from tui import process_actions
+
         process_actions.signal_selected(self, name)
 
     def action_tree(self) -> None:
+        from tui import process_actions
+
         process_actions.show_tree(self)
 
     def action_environment(self) -> None:
+        from tui import process_actions
+
         process_actions.show_environment(self)
 
     def action_metrics(self) -> None:
+        from tui import process_actions
+
         process_actions.show_metrics(self)
 
     def action_filter_by(self, kind: str) -> None:
+        from tui import process_actions
+
         process_actions.toggle_filter(self, kind)
 
     def action_gpu_history(self) -> None:
+        from tui import process_actions
+
         process_actions.toggle_history(self)
 
     def refresh_filters(self) -> None:

@@ -80,6 +80,7 @@ class _Options:
         self.demo = demo
         self.ascii = ascii
         self.interval = DEFAULT_INTERVAL
+        self.only = self.user = self.pid = None  # no filter flags on this path
         self.process_filter = None
 
 

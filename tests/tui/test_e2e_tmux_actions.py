@@ -28,9 +28,13 @@ GiB = 1 << 30
 @pytest.fixture
 def children() -> Iterator[dict[str, subprocess.Popen[bytes]]]:
     procs = {
-        "stubborn": subprocess.Popen(["bash", "-c", "trap '' TERM; exec sleep 300"], stdin=subprocess.DEVNULL),
+        "stubborn": subprocess.Popen(
+            ["bash", "-c", "trap '' TERM; exec sleep 300"], stdin=subprocess.DEVNULL
+        ),
         "plain": subprocess.Popen(
-            ["sleep", "301"], stdin=subprocess.DEVNULL, env={"PATH": os.environ["PATH"], "ANATOMY_E2E": "hello"}
+            ["sleep", "301"],
+            stdin=subprocess.DEVNULL,
+            env={"PATH": os.environ["PATH"], "ANATOMY_E2E": "hello"},
         ),
     }
     deadline = time.monotonic() + 10
@@ -49,8 +53,13 @@ def scenario_file(tmp_path: Path, procs: dict[str, subprocess.Popen[bytes]]) -> 
     scenario = Scenario.build(2, 0)
     scenario.processes = [
         # The stubborn one holds the most GPU memory: the first row, where the cursor starts.
-        SimProcess(pid=procs["stubborn"].pid, gpu_index=0, used_memory=Curve.constant(9 * GiB),
-                   sm_util=Curve.constant(77), memory_util=Curve.constant(33)),  # fmt: skip
+        SimProcess(
+            pid=procs["stubborn"].pid,
+            gpu_index=0,
+            used_memory=Curve.constant(9 * GiB),
+            sm_util=Curve.constant(77),
+            memory_util=Curve.constant(33),
+        ),
         SimProcess(pid=procs["plain"].pid, gpu_index=1, used_memory=Curve.constant(2 * GiB)),
     ]
     path = tmp_path / "scenario.json"

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+import struct as struct_module
 import threading
 import time
 from collections.abc import Callable, Collection
@@ -43,7 +44,7 @@ OMITTABLE_FIELDS = ("uuid", "nvml_version", "process_utilization")
 # Per-process utilization is read as the samples of the last PROCESS_SAMPLE_WINDOW_S (lastSeenTimeStamp
 # = now - window, in the driver's CPU time): a refresh faster than the driver's sampling period still
 # finds each busy process's last sample, and a process that went idle reads 0 % after the window.
-PROCESS_SAMPLE_WINDOW_S = 2.0
+PROCESS_SAMPLE_WINDOW_S = 1.0
 
 # Field names of GpuInfo per cache tier.
 IDENTITY_FIELDS = ("name", "uuid", "bus_id")
@@ -76,6 +77,22 @@ class _GpuLost(Exception):
 class _ProcessInfoV1(ctypes.Structure):
     # The pre-MIG layout (drivers before the _v2 process calls): 16 bytes, no instance ids.
     _fields_ = [("pid", ctypes.c_uint), ("usedGpuMemory", ctypes.c_ulonglong)]
+
+
+class _ProcessUtilizationSample(ctypes.Structure):
+    # nvmlProcessUtilizationSample_t. Decoded in bulk with struct (a refresh reads ~6 samples per busy
+    # process); pynvml's own struct class answers each field access through a Python __getattribute__.
+    _fields_ = [
+        ("pid", ctypes.c_uint),
+        ("timeStamp", ctypes.c_ulonglong),
+        ("smUtil", ctypes.c_uint),
+        ("memUtil", ctypes.c_uint),
+        ("encUtil", ctypes.c_uint),
+        ("decUtil", ctypes.c_uint),
+    ]
+
+
+_SAMPLE_FORMAT = "@IQIIII"  # the same layout, native alignment (the padding after pid included)
 
 
 class NvmlReading:
@@ -406,7 +423,7 @@ class NvmlSource:
             if dev.fast is None or now - dev.fast_at >= self.fast_ttl:
                 dev.fast = self._read_fast(dev.handle)
                 mig = bool(dev.slow.get("mig_mode"))
-                dev.processes = self._with_utilization(dev, self._read_processes(dev, mig), mig)
+                dev.processes = self._read_processes(dev, mig)
                 dev.fast_at = now
         except _GpuLost as exc:
             dev.lost, dev.error = True, str(exc)
@@ -538,26 +555,31 @@ class NvmlSource:
                     row["type"] = "C+G" if row["type"] != kind else kind
                     if row["mem"] is None:
                         row["mem"] = used
-        return tuple(
-            GpuProcess(
-                gpu_index=dev.index,
-                pid=pid,
-                type=row["type"],
-                gpu_memory=row["mem"],
-                gpu_instance_id=row["gi"],
-                compute_instance_id=row["ci"],
+        latest = self._utilization(dev, mig) if merged else None
+        idle = (0, 0) if latest is not None else (None, None)
+        procs = []
+        for (pid, _gi, _ci), row in merged.items():
+            sm, bandwidth = latest.get(pid, idle) if latest is not None else idle
+            procs.append(
+                GpuProcess(
+                    gpu_index=dev.index,
+                    pid=pid,
+                    type=row["type"],
+                    gpu_memory=row["mem"],
+                    gpu_instance_id=row["gi"],
+                    compute_instance_id=row["ci"],
+                    sm_util=sm,
+                    memory_bw_util=bandwidth,
+                )
             )
-            for (pid, _gi, _ci), row in merged.items()
-        )
+        return tuple(procs)
 
-    def _with_utilization(
-        self, dev: _Device, procs: tuple[GpuProcess, ...], mig: bool
-    ) -> tuple[GpuProcess, ...]:
-        """``procs`` with their SM % and memory-bandwidth %: 0 for a process the driver has no recent
-        sample of (it samples only busy ones), None everywhere when the GPU does not sample (MIG,
-        many consumer boards, an error)."""
-        if not procs or mig or not dev.util_supported or "process_utilization" in self.omit:
-            return procs  # no process to attribute, or known N/A: no call
+    def _utilization(self, dev: _Device, mig: bool) -> dict[int, tuple[int, int]] | None:
+        """pid -> (SM %, memory-bandwidth %) of the processes the driver sampled as busy lately (the
+        others are idle: 0); None when the GPU does not sample processes (MIG, many consumer boards,
+        an error): N/A."""
+        if mig or not dev.util_supported or "process_utilization" in self.omit:
+            return None  # known N/A: no call
         pynvml = self._nvml
 
         def read() -> dict[int, tuple[int, int]]:
@@ -569,20 +591,15 @@ class NvmlSource:
                 dev.util_supported = False  # a board's support does not change while we run
                 raise
 
-        latest = self._get(("nvmlDeviceGetProcessUtilization", read))
-        if latest is None:
-            return procs
-        return tuple(
-            replace(p, sm_util=latest.get(p.pid, (0, 0))[0], memory_bw_util=latest.get(p.pid, (0, 0))[1])
-            for p in procs
-        )
+        latest: dict[int, tuple[int, int]] | None = self._get(("nvmlDeviceGetProcessUtilization", read))
+        return latest
 
     def _utilization_samples(self, dev: _Device) -> dict[int, tuple[int, int]]:
         """pid -> (smUtil, memUtil) of its newest sample in the window. One call with a buffer sized
         from the last answer; NVML's size protocol only when the list grew."""
         pynvml = self._nvml
         fn = pynvml._nvmlGetFunctionPointer("nvmlDeviceGetProcessUtilization")
-        struct = pynvml.c_nvmlProcessUtilizationSample_t
+        struct = _ProcessUtilizationSample
         since = ctypes.c_ulonglong(max(0, int((self._wall_clock() - PROCESS_SAMPLE_WINDOW_S) * 1_000_000)))
         capacity = dev.util_capacity * 2 + 8
         for attempt in range(4):
@@ -598,10 +615,11 @@ class NvmlSource:
             n = min(count.value, capacity)
             dev.util_capacity = n
             latest: dict[int, tuple[int, int, int]] = {}
-            for sample in buffer[:n]:  # a process may have a sample per period: keep its newest
-                stamp, pid = int(sample.timeStamp), int(sample.pid)
+            raw = memoryview(buffer).cast("B")[: n * ctypes.sizeof(struct)]
+            for pid, stamp, sm, mem, _enc, _dec in struct_module.iter_unpack(_SAMPLE_FORMAT, raw):
+                # A process may have a sample per sampling period: keep its newest.
                 if stamp >= latest.get(pid, (-1, 0, 0))[0]:
-                    latest[pid] = (stamp, min(100, int(sample.smUtil)), min(100, int(sample.memUtil)))
+                    latest[pid] = (stamp, min(100, sm), min(100, mem))
             return {pid: (sm, mem) for pid, (_stamp, sm, mem) in latest.items()}
         raise pynvml.NVMLError(pynvml.NVML_ERROR_INSUFFICIENT_SIZE)
 
