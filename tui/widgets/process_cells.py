@@ -117,9 +117,10 @@ def glyph_for(state: str | None) -> Text:
     return Text(glyph, style=style)
 
 
-def shown_values(row: ProcessRow) -> tuple[object, ...]:
+def shown_values(row: ProcessRow, samples: bool = True) -> tuple[object, ...]:
     """What the row's cells show, as plain values: rows with equal values have equal cells (running
-    time and CPU % move every refresh in the row, rarely on screen)."""
+    time and CPU % move every refresh in the row, rarely on screen). Without ``samples`` (their
+    columns hidden) SM % and memory-bandwidth % are left out, so their moves rebuild no cell."""
     return (
         row.training_state,
         row.gpu_index,
@@ -127,8 +128,8 @@ def shown_values(row: ProcessRow) -> tuple[object, ...]:
         row.user,
         row.type,
         fmt.fmt_bytes(row.gpu_memory),
-        fmt.fmt_percent(row.sm_util),
-        fmt.fmt_percent(row.memory_bw_util),
+        fmt.fmt_percent(row.sm_util) if samples else "",
+        fmt.fmt_percent(row.memory_bw_util) if samples else "",
         fmt.fmt_percent(row.cpu_percent, 1),
         fmt.fmt_bytes(row.host_rss),
         fmt.fmt_elapsed(row.running_time_s),

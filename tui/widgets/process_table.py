@@ -119,7 +119,7 @@ class ProcessTable(LineTable):
         return cells
 
     def _cells_for(self, row: ProcessRow) -> tuple[Text, ...]:
-        values = shown_values(row)
+        values = shown_values(row, samples=len(self._pick) == len(COLUMNS))
         cached = self._cells_cache.get(row.key)
         if cached is not None and cached[0] == values:
             return cached[1]
