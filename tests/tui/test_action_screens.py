@@ -238,3 +238,25 @@ async def test_the_metrics_screen_follows_its_process() -> None:
     # The SM chart: 0, 20, 40, 60 % over six rows, newest on the right.
     assert [line.rstrip()[-4:] for line in text.splitlines() if line.rstrip().endswith("▁███")] == ["▁███"]
     assert "no longer listed" in gone and "4 samples" in gone  # its history stays
+
+
+async def test_a_huge_command_line_leaves_the_choices_on_screen(sleeper: subprocess.Popen[bytes]) -> None:
+    import dataclasses
+
+    target = dataclasses.replace(identify(sleeper.pid), command="python train.py " + "--flag value " * 2000)
+    app = Host(SignalDialog(target, "terminate"))
+    async with app.run_test(size=(100, 30)) as pilot:
+        await pilot.pause()
+        text = screen_text(app)
+    assert "more characters)" in text and "SIGKILL" in text and "escape or n cancels" in text
+
+
+async def test_an_empty_tree_says_so() -> None:
+    screen = TreeScreen(lambda: (), interval=60.0)
+    app = Host(screen)
+    async with app.run_test(size=(100, 20)) as pilot:
+        deadline = time.monotonic() + 10
+        while screen.builds < 1:
+            assert time.monotonic() < deadline
+            await pilot.pause(0.02)
+        assert "no GPU process to show" in screen_text(app)

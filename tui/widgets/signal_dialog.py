@@ -21,6 +21,7 @@ from tui import format as fmt
 from tui.sanitize import clean
 from tui.sources.signals import SIGNALS, Target
 
+COMMAND_MAX = 400  # characters of the command line shown: a huge one must not push the choices off screen
 # (name, key, what it does to a training job)
 CHOICES: tuple[tuple[str, str, str], ...] = (
     ("terminate", "T", "asks it to exit; it may clean up first (or ignore it)"),
@@ -36,7 +37,10 @@ def describe_target(target: Target, now: float | None = None) -> Table:
     table.add_column(overflow="fold")
     table.add_row("PID", Text(str(target.pid)))
     table.add_row("User", Text(clean(target.user or (str(target.uid) if target.uid is not None else fmt.NA))))
-    table.add_row("Command", Text(clean(target.command)))
+    command = clean(target.command)
+    if len(command) > COMMAND_MAX:
+        command = f"{command[:COMMAND_MAX]}… ({len(command) - COMMAND_MAX} more characters)"
+    table.add_row("Command", Text(command))
     age = None if target.started_at is None else max(0.0, now - target.started_at)
     table.add_row("Running", Text(fmt.fmt_elapsed(age)))
     return table

@@ -157,7 +157,10 @@ class TreeScreen(Screen[None]):
             self.select_pid = None
         on_gpu = sum(1 for r in rows if r.role == GPU)
         title = Text("Process tree  ", style="bold")
-        title.append(f"{on_gpu} on GPUs, {len(rows)} processes", style="bright_black")
+        if rows:
+            title.append(f"{on_gpu} on GPUs, {len(rows)} processes", style="bright_black")
+        else:
+            title.append("no GPU process to show (NVML lists none)", style="yellow")
         self.query_one("#tree-title", TextStatic).show_text(title)
         self.builds += 1
 
