@@ -1,4 +1,4 @@
-"""anatomy.opgroups: the classification table and the sampled-step profiler on real torch code."""
+"""anatomy.hook.opgroups: the classification table and the sampled-step profiler on real torch code."""
 
 from __future__ import annotations
 
@@ -9,8 +9,8 @@ import pytest
 import torch
 from torch.utils.flop_counter import FlopCounterMode
 
-import anatomy.opgroups as opgroups
-from anatomy.opgroups import OpGroupProfiler, base_name, classify
+import anatomy.hook.opgroups as opgroups
+from anatomy.hook.opgroups import OpGroupProfiler, base_name, classify
 from anatomy.protocol import OpGroupStat
 from anatomy.vocabulary import OpGroup, Phase
 

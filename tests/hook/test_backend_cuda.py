@@ -17,7 +17,9 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
 import anatomy
-from anatomy.memory import CudaStats, HostHeap
+from anatomy.hook.backend import CudaBackend
+from anatomy.hook.cuda import CudaStats
+from anatomy.hook.heap import HostHeap
 from anatomy.peaks import peak_flops
 from anatomy.vocabulary import Component, Precision
 
@@ -73,9 +75,7 @@ def _run(hk: SimpleNamespace, simulated: bool) -> Any:
         now = heap.in_use()
         assert now is not None
         alloc = SimulatedAllocator(heap, base=now - tensors)
-        tracker._cuda = True  # the CUDA path, with the simulated allocator
-        tracker._heap = None
-        tracker._allocator = alloc
+        tracker._memory = CudaBackend(alloc, tracker._guard)  # type: ignore[arg-type]
         tracker._cuda_events = False  # host clock: there are no CUDA events to record
         with alloc:
             hk.train_steps(model, opt, 3, tracker, batch=batch)
@@ -185,5 +185,5 @@ def test_cuda_event_timing_is_resolved_lazily_without_sync(
     t = done.timing
     assert t.step_s and t.forward_s and t.backward_s and t.optimizer_s
     assert t.forward_s + t.backward_s + t.optimizer_s <= t.step_s * 1.0001
-    assert tracker._timing_step == 3 and not tracker._pending_clocks  # every pending step resolved
+    assert tracker._throughput.timing_step == 3 and not tracker._throughput.pending  # all resolved
     assert t.samples_per_s == pytest.approx(hk.BATCH / t.step_s)
