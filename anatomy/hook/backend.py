@@ -39,6 +39,7 @@ class HeapBackend:
         self._guard = guard
         self.traced: Traced | None = None
         self.history: HeapHistory | None = None  # the last step that read the heap
+        self.runtime: int | None = None  # the heap in use before the first step beyond the model
         if not heap.available:
             guard.turn_off(Feature.HEAP)
 
@@ -68,6 +69,13 @@ class HeapBackend:
 
     def phase_ends(self, rec: StepRecord, next_phase: Phase) -> None:
         return None
+
+    def measure_runtime(self, rec: StepRecord, parts: StepParts) -> None:
+        """The runtime baseline, once, from the first step that read the heap: what was in use at its
+        start beyond weights, optimizer states, gradients and the inputs (interpreter, torch, libraries,
+        the data pipeline): the CPU counterpart of the CUDA context."""
+        if rec.heap_start is not None:
+            self.runtime = max(rec.heap_start - parts.at_start - parts.inputs, 0)
 
     def step_ends(self, rec: StepRecord, stats_due: bool) -> int | None:
         """Keep a read step's readings; give a step that did not read the last ones. Returns the
@@ -115,7 +123,7 @@ class HeapBackend:
             peak=max(peak, start),
             phase=phase,
             temporaries=temporaries,
-            unattributed=rest if rest >= 0 else None,
+            preexisting=rest if rest >= 0 else None,
             held=held,
             at_peak_step=at_peak_step,
         )
@@ -131,6 +139,7 @@ class CudaBackend:
         self.allocator = allocator
         self._guard = guard
         self.traced: Traced | None = None
+        self.runtime: int | None = None  # CUDA: the context is NVML's figure (the monitor's)
         self._last_stats: CudaStats | None = None  # a full statistics read, only for a snapshot
 
     def read_start(self, rec: StepRecord) -> None:
@@ -191,7 +200,7 @@ class CudaBackend:
             peak=peak,
             phase=phase,
             temporaries=max(peak - start - explained(rec, phase, parts), 0),
-            unattributed=max(start - parts.at_start, 0),
+            preexisting=max(start - parts.at_start, 0),
             held=held,
             at_peak_step=at_peak_step,
             allocator_cache=cache,

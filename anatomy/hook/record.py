@@ -81,6 +81,8 @@ class StepRecord:
     tokens_seen: int = 0
     activations: int | None = None  # the largest micro-batch's saved bytes, when counted this step
     weight_copies: int = 0
+    inputs: int = 0  # pre-existing storages saved for backward (the largest micro-batch's)
+    window: bool = False  # this micro-batch's saved tensors are being counted
     grads_begin: int = 0
     opt_begin: int = 0
     grads: int | None = None  # gradients once complete (before the optimizer)
@@ -118,6 +120,7 @@ class StepParts:
     new_states: int  # optimizer states made in this step
     at_start: int  # weights + optimizer states + gradients at the step's start
     activations_known: bool
+    inputs: int = 0  # pre-existing storages saved for backward
 
 
 @dataclass(frozen=True, slots=True)
@@ -146,6 +149,17 @@ class Sums:
     optimizer_states: int = 0
     activations: int | None = None  # None until a forward was counted
     weight_copies: int = 0
+    inputs: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class Preexisting:
+    """What was in use at the step's start besides weights, optimizer states and gradients, divided:
+    inputs saved for backward, the runtime baseline (CPU), and what nothing explains."""
+
+    inputs: int = 0
+    runtime: int = 0
+    unattributed: int = 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -155,7 +169,7 @@ class PeakSplit:
     peak: int
     phase: Phase
     temporaries: int
-    unattributed: int | None  # in use at the step's start beyond the named tensors
+    preexisting: int | None  # in use at the step's start beyond weights, optimizer states, gradients
     held: Held  # what the named tensors held at the peak
     at_peak_step: int  # the step whose split (trace or boundary readings) this is
     allocator_cache: int | None = None

@@ -1,91 +1,197 @@
-"""Activations: the storages autograd saves for backward, seen through ``saved_tensors_hooks``."""
+"""Activations: the storages autograd saves for backward, seen through ``saved_tensors_hooks``.
+
+The counter composes with whatever pack/unpack pair is active when it starts (the user's own hooks,
+``torch.autograd.graph.save_on_cpu()``, a library that offloads or compresses saved tensors): torch
+calls only the innermost pair, so the counter's pack calls the user's pack and counts what it returns,
+and its unpack calls the user's unpack. The user's hooks see exactly the calls they would see without
+the counter. A pair that AOTAutograd inlines into compiled graphs (fx GraphModules) is left alone: that
+forward is not counted.
+
+Storages are classified once each: parameters and buffers are weights (skipped), autocast's
+low-precision copies of parameters are weight copies, storages that existed before the step (the
+forward's inputs, and integer views sliced from a larger tensor: token ids or labels cut from a
+dataset) are inputs, the rest activations. Nothing is counted while backward runs (a reentrant
+checkpoint's recomputation is not what the step holds between forward and backward).
+"""
 
 from __future__ import annotations
 
-import contextlib
 import functools
 import threading
 import weakref
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
 import torch
 
 from anatomy.hook.tensors import storage_key
 
+_PackPair = tuple[Callable[[torch.Tensor], Any], Callable[[Any], torch.Tensor]]
+_ACTIVATION, _COPY, _INPUT = 0, 1, 2
+
+
+def _in_backward() -> bool:
+    return torch._C._current_graph_task_id() != -1
+
+
+def _tensors_in(packed: Any) -> Iterable[torch.Tensor]:
+    """The tensors a pack hook returned: the tensor itself, or those in a tuple/list (``save_on_cpu``
+    returns ``(device, tensor)``). Anything else (a handle to disk, a compressed blob) holds no tensor
+    memory the tracker can name."""
+    if isinstance(packed, torch.Tensor):
+        return (packed,)
+    if isinstance(packed, (tuple, list)):
+        return [x for x in packed if isinstance(x, torch.Tensor)]
+    return ()
+
+
+def input_storage_keys(args: tuple[Any, ...], kwargs: Mapping[str, Any]) -> frozenset[int]:
+    """Storages of the tensors a forward was called with (one level into lists, tuples and dicts)."""
+    keys: set[int] = set()
+    for value in (*args, *kwargs.values()):
+        if isinstance(value, Mapping):
+            items: Iterable[Any] = value.values()
+        elif isinstance(value, (list, tuple)):
+            items = value
+        else:
+            items = (value,)
+        for item in items:
+            if isinstance(item, torch.Tensor) and item.layout is torch.strided:
+                keys.add(storage_key(item))
+    return frozenset(keys)
+
+
+def _is_sliced_integer_view(t: torch.Tensor) -> bool:
+    """Token ids or labels cut from a larger tensor that existed before the step (``tokens[i:i+n]``):
+    an integer view with no autograd history whose storage is at least twice what it spans."""
+    if t._base is None or t.requires_grad or t.is_floating_point() or t.is_complex() or t.dtype is torch.bool:
+        return False
+    return t.untyped_storage().nbytes() >= 2 * t.numel() * t.element_size()
+
+
+class _Packed:
+    """What autograd keeps instead of a user's packed object that cannot be weakly referenced (a tuple),
+    on a traced step only: its death tells that backward freed the saved tensor."""
+
+    __slots__ = ("__weakref__", "inner")
+
+    def __init__(self, inner: Any) -> None:
+        self.inner = inner
+
 
 class SavedTensorCounter:
-    """Counts the storages autograd saves for backward while active (push with ``start()``, pop
-    with ``stop()``, or use as a context manager).
+    """Counts the storages autograd saves for backward while started (``start()``/``stop()``, or use as
+    a context manager). Each storage counts once, by kind: ``activation_bytes``, ``weight_copy_bytes``,
+    ``input_bytes``. ``device``: count only storages on this device (None: all)."""
 
-    Each storage counts once. Parameter storages (and views of them: a third of what is packed)
-    are skipped; autocast's low-precision copies of parameters are counted apart, in
-    ``weight_copy_bytes``, because they are weights-related memory, not activations. The packed
-    tensor itself is returned, so saving costs nothing beyond a few attribute reads.
-    """
-
-    def __init__(self, params: Iterable[torch.Tensor] = ()) -> None:
-        self._param_keys: frozenset[int] = frozenset()
-        self.set_params(params)
-        self._seen: dict[int, int] = {}
-        self._copies: dict[int, int] = {}
+    def __init__(self, weights: Iterable[torch.Tensor] = ()) -> None:
+        self._weight_keys: frozenset[int] = frozenset()
+        self.set_params(weights)
+        self._input_keys: frozenset[int] = frozenset()
+        self.device: torch.device | None = None
+        self._kind: dict[int, int] = {}  # storage key -> kind, for every storage seen since reset
+        self._bytes = [0, 0, 0]  # by kind
         self.weight_copy_dtype: torch.dtype | None = None
         self.uncounted = 0
-        self._ctx: contextlib.AbstractContextManager[Any] | None = None
+        self.counting = False
+        self._pushed: _PackPair | None = None  # our pair, while on torch's stack
+        self._open = False  # may stay pushed after the forward (no user pair below ours)
         # Off except on the sampled step that traces memory per op (a weak reference per saved tensor).
         self.track_alive = False
         self.alive_activation_bytes = 0
         self.alive_copy_bytes = 0
-        self._alive: dict[int, list[int]] = {}  # storage key -> [live saved tensors, bytes, is a copy]
+        self._alive: dict[int, list[int]] = {}  # storage key -> [live saved tensors, bytes, kind]
         # keyed by id: a set compares weak references by their referents and merges two refs of one tensor
-        self._refs: dict[int, weakref.ref[torch.Tensor]] = {}
+        self._refs: dict[int, weakref.ref[Any]] = {}
         self._alive_lock = threading.Lock()
 
-    def set_params(self, params: Iterable[torch.Tensor]) -> None:
-        self._param_keys = frozenset(storage_key(p) for p in params)
+    def set_params(self, weights: Iterable[torch.Tensor]) -> None:
+        """The weight storages (parameters and buffers): never activations."""
+        self._weight_keys = frozenset(storage_key(p) for p in weights)
+
+    def set_inputs(self, keys: frozenset[int]) -> None:
+        """Storages of the forward's inputs: they existed before the step."""
+        self._input_keys = keys
 
     @property
     def active(self) -> bool:
-        return self._ctx is not None
+        """Our pair is on torch's stack (counting or not)."""
+        return self._pushed is not None
 
     @property
     def activation_bytes(self) -> int:
-        return sum(self._seen.values())
+        return self._bytes[_ACTIVATION]
 
     @property
     def weight_copy_bytes(self) -> int:
-        return sum(self._copies.values())
+        return self._bytes[_COPY]
+
+    @property
+    def input_bytes(self) -> int:
+        return self._bytes[_INPUT]
 
     def reset(self) -> None:
-        self._seen = {}
-        self._copies = {}
+        self._kind = {}
+        self._bytes = [0, 0, 0]
 
-    def _pack(self, t: torch.Tensor) -> torch.Tensor:
+    # -- torch's side -----------------------------------------------------------------------------
+
+    def _pair(self, user: _PackPair | None) -> _PackPair:
+        if user is None:
+
+            def pack(t: torch.Tensor) -> Any:
+                return self._observe(t, t) if self.counting else t
+
+            def unpack(packed: Any) -> torch.Tensor:
+                return packed  # type: ignore[no-any-return]
+
+            return pack, unpack
+        user_pack, user_unpack = user
+
+        def pack_composed(t: torch.Tensor) -> Any:
+            packed = user_pack(t)
+            return self._observe(t, packed) if self.counting else packed
+
+        def unpack_composed(packed: Any) -> torch.Tensor:
+            return user_unpack(packed.inner if type(packed) is _Packed else packed)
+
+        return pack_composed, unpack_composed
+
+    def _observe(self, t: torch.Tensor, packed: Any) -> Any:
+        """Count what ``packed`` (what autograd will keep for ``t``) holds; return what autograd keeps."""
         # Runs inside the user's forward: nothing may escape from here.
         try:
-            self._count(t)
+            if _in_backward():
+                return packed
+            kind = self._classify(t)
+            if kind is None:
+                return packed
+            kept = packed
+            for p in _tensors_in(packed):
+                if self.device is not None and p.device != self.device:
+                    continue  # moved off the device (offloaded): not memory of this device
+                storage = p.untyped_storage()
+                key = storage.data_ptr() or -id(p)
+                known = self._kind.get(key)
+                if known is None:
+                    known = self._kind[key] = kind
+                    self._bytes[kind] += storage.nbytes()
+                    if kind == _COPY:
+                        self.weight_copy_dtype = t.dtype
+                if self.track_alive and known != _INPUT:
+                    kept = self._watch(kept, key, known, storage.nbytes())
+            return kept
         except Exception:  # sparse/nested tensors have no single storage: not counted
             self.uncounted += 1
-        return t
+            return packed
 
-    def _count(self, t: torch.Tensor) -> None:
-        storage = t.untyped_storage()
-        key = storage.data_ptr() or -id(t)
-        if key in self._param_keys:
-            return
-        if key in self._seen:
-            copy = False
-        elif key in self._copies:
-            copy = True
-        else:
-            copy = self._is_weight_copy(t)
-            if copy:
-                self._copies[key] = storage.nbytes()
-                self.weight_copy_dtype = t.dtype
-            else:
-                self._seen[key] = storage.nbytes()
-        if self.track_alive:
-            self._watch(t, key, copy)
+    def _classify(self, t: torch.Tensor) -> int | None:
+        key = storage_key(t)
+        if key in self._weight_keys:
+            return None
+        if key in self._input_keys or _is_sliced_integer_view(t):
+            return _INPUT
+        return _COPY if self._is_weight_copy(t) else _ACTIVATION
 
     @staticmethod
     def _is_weight_copy(t: torch.Tensor) -> bool:
@@ -100,26 +206,30 @@ class SavedTensorCounter:
             return src is not None and type(src).__name__ == "AccumulateGrad"
         return False
 
-    # -- what is alive now (sampled steps only) ---------------------------------------------------
-    # The packed object autograd keeps is the tensor itself, so a weak reference to it dies when
-    # backward frees that saved tensor: per storage, a count of live saved tensors gives the bytes
-    # of activations still held at any moment, in O(1) per read.
+    # -- what is alive now (traced steps only) ----------------------------------------------------
+    # Autograd keeps the packed object until backward frees that saved tensor, so a weak reference to
+    # it tells when: per storage, a count of live saved tensors gives the bytes of activations still
+    # held at any moment, in O(1) per read.
 
-    def _watch(self, t: torch.Tensor, key: int, copy: bool) -> None:
+    def _watch(self, kept: Any, key: int, kind: int, nbytes: int) -> Any:
+        try:
+            ref = weakref.ref(kept, functools.partial(self._release, key))
+        except TypeError:  # a user's tuple: autograd keeps our wrapper instead, unwrapped in unpack
+            kept = _Packed(kept)
+            ref = weakref.ref(kept, functools.partial(self._release, key))
         with self._alive_lock:
             entry = self._alive.get(key)
             if entry is None:
-                nbytes = self._copies[key] if copy else self._seen[key]
-                entry = self._alive[key] = [0, nbytes, int(copy)]
-                if copy:
+                entry = self._alive[key] = [0, nbytes, kind]
+                if kind == _COPY:
                     self.alive_copy_bytes += nbytes
                 else:
                     self.alive_activation_bytes += nbytes
             entry[0] += 1
-        ref = weakref.ref(t, functools.partial(self._release, key))
         self._refs[id(ref)] = ref
+        return kept
 
-    def _release(self, key: int, ref: weakref.ref[torch.Tensor]) -> None:
+    def _release(self, key: int, ref: weakref.ref[Any]) -> None:
         # May run on autograd's device thread (CUDA backward): hence the lock.
         with self._alive_lock:
             self._refs.pop(id(ref), None)
@@ -129,26 +239,52 @@ class SavedTensorCounter:
             entry[0] -= 1
             if entry[0] <= 0:
                 del self._alive[key]
-                if entry[2]:
+                if entry[2] == _COPY:
                     self.alive_copy_bytes -= entry[1]
                 else:
                     self.alive_activation_bytes -= entry[1]
 
-    @staticmethod
-    def _unpack(t: torch.Tensor) -> torch.Tensor:
-        return t
+    # -- the window -------------------------------------------------------------------------------
 
-    def start(self) -> None:
-        if self._ctx is not None:
-            return
-        ctx = torch.autograd.graph.saved_tensors_hooks(self._pack, self._unpack)
-        ctx.__enter__()
-        self._ctx = ctx
+    def start(self, keep_open: bool = False) -> bool:
+        """Push a pair composed with the active one and count from here. ``keep_open``: the window may
+        outlive the forward that starts it (see ``end_forward``). Returns False (nothing counted) when the
+        active pair is one compiled graphs inline, or ours is buried under a pair pushed since."""
+        if self._pushed is not None:  # the window of an earlier forward of this step, still open
+            if not self._on_top():
+                return False  # under a pair pushed since: torch would not call ours
+            self.counting = True
+            return True
+        user = torch._C._autograd._top_saved_tensors_default_hooks(True)
+        if user is not None and all(isinstance(h, torch.fx.GraphModule) for h in user):
+            return False
+        pair = self._pair(user)
+        torch._C._autograd._push_saved_tensors_default_hooks(*pair)
+        self._pushed = pair
+        self._open = keep_open and user is None
+        self.counting = True
+        return True
+
+    def end_forward(self) -> None:
+        """The forward that started the window returns. With no user pair below ours, the window stays
+        open until ``stop()`` (the loss computed after the model is saved there too: the step's next
+        boundary closes it); otherwise ours leaves now, while it is sure to be on top."""
+        if not self._open or not self._on_top():
+            self.stop()
+
+    def _on_top(self) -> bool:
+        pushed = self._pushed
+        top = torch._C._autograd._top_saved_tensors_default_hooks(True)
+        return pushed is not None and top is not None and top[0] is pushed[0]
 
     def stop(self) -> None:
-        ctx, self._ctx = self._ctx, None
-        if ctx is not None:
-            ctx.__exit__(None, None, None)
+        """Stop counting and take our pair off torch's stack — only while it is on top: a pair the user
+        pushed later (still open) stays above ours untouched, and ours leaves at a later ``stop()``."""
+        self.counting = False
+        if self._pushed is not None and self._on_top():
+            torch._C._autograd._pop_saved_tensors_default_hooks()
+            self._pushed = None
+            self._open = False
 
     def __enter__(self) -> SavedTensorCounter:
         self.reset()

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import logging
 
-from anatomy.hook.record import Held, StepParts, StepRecord, Sums, Traced
+from anatomy.hook.record import Held, Preexisting, StepParts, StepRecord, Sums, Traced
 from anatomy.hook.trace import MemoryTrace
 from anatomy.vocabulary import Component, Phase
 
@@ -28,7 +28,17 @@ def step_parts(rec: StepRecord, sums: Sums) -> StepParts:
         new_states=max(opt - rec.opt_begin, 0),
         at_start=sums.weights + rec.opt_begin + rec.grads_begin,
         activations_known=acts is not None,
+        inputs=rec.inputs if counted else sums.inputs,
     )
+
+
+def divide_preexisting(preexisting: int, inputs: int, runtime: int | None) -> Preexisting:
+    """Split what was in use at the step's start (beyond weights, states, gradients): the inputs first
+    (they are named tensors), then the runtime baseline, and the rest is unattributed."""
+    pre = max(preexisting, 0)
+    inputs_part = min(max(inputs, 0), pre)
+    runtime_part = min(max(runtime or 0, 0), pre - inputs_part)
+    return Preexisting(inputs_part, runtime_part, pre - inputs_part - runtime_part)
 
 
 def explained(rec: StepRecord, phase: Phase, parts: StepParts) -> int:
@@ -85,6 +95,8 @@ def traced_split(
 
 _BALANCE_ORDER = (
     Component.UNATTRIBUTED.value,
+    Component.RUNTIME.value,
+    Component.INPUTS.value,
     Component.ACTIVATIONS.value,
     Component.GRADIENTS.value,
     Component.OPTIMIZER_STATES.value,
@@ -98,18 +110,25 @@ class PeakSplitter:
     def __init__(self) -> None:
         self._balance_logged = False
 
-    def split(self, peak: int, weights: int, unattributed: int, held: Held) -> dict[str, int | None]:
-        """Unattributed (in use at the step's start beyond weights, optimizer states and gradients) is
-        constant through the step; temporaries are the rest of the peak. If the named tensors and the
-        unattributed part exceed the peak (a trace from an earlier step, gradients freed before the
-        reading), temporaries are 0 and the excess comes off unattributed first, so the sum holds."""
+    def split(
+        self, peak: int, weights: int, held: Held, pre: Preexisting, runtime: bool = False
+    ) -> dict[str, int | None]:
+        """What was in use at the step's start beyond weights, optimizer states and gradients (inputs,
+        the runtime baseline, unattributed) is constant through the step; temporaries are the rest of
+        the peak. If the named tensors and the rest exceed the peak (a trace from an earlier step,
+        gradients freed before the reading), temporaries are 0 and the excess comes off unattributed
+        first, so the sum holds. ``runtime``: the split has a runtime row (CPU)."""
         out: dict[str, int] = {
             Component.WEIGHTS.value: weights + held.weight_copies,
             Component.OPTIMIZER_STATES.value: held.optimizer_states,
             Component.GRADIENTS.value: held.gradients,
             Component.ACTIVATIONS.value: held.activations,
-            Component.UNATTRIBUTED.value: max(unattributed, 0),
+            Component.UNATTRIBUTED.value: pre.unattributed,
         }
+        if pre.inputs:
+            out[Component.INPUTS.value] = pre.inputs
+        if runtime:
+            out[Component.RUNTIME.value] = pre.runtime
         rest = peak - sum(out.values())
         if rest < 0:
             excess = -rest
@@ -120,6 +139,8 @@ class PeakSplitter:
                     excess,
                 )
             for key in _BALANCE_ORDER:
+                if key not in out:
+                    continue
                 take = min(excess, out[key])
                 out[key] -= take
                 excess -= take

@@ -50,10 +50,11 @@ from anatomy.hook.hello import build_hello
 from anatomy.hook.opgroups import OpGroupProfiler
 from anatomy.hook.publishing import Channel
 from anatomy.hook.record import Held, MemoryResult, StepRecord, Sums
-from anatomy.hook.saved import SavedTensorCounter
+from anatomy.hook.saved import SavedTensorCounter, input_storage_keys
 from anatomy.hook.schedule import SAMPLE_EVERY, WARMUP_REFRESH_STEPS, Schedule
 from anatomy.hook.split import (
     PeakSplitter,
+    divide_preexisting,
     explained_after_optimizer,
     held_after_optimizer,
     step_parts,
@@ -259,7 +260,7 @@ class Tracker:
         self._sums.weights_by_dtype = by_dtype
         self._sums.weights = sum(by_dtype.values())
         self._params = list(self.model.parameters())
-        self._counter.set_params(self._params)
+        self._counter.set_params([*self._params, *self.model.buffers()])
         trainable = [p for p in self._params if p.requires_grad]
         candidates = trainable or self._params
         self._probe_param = candidates[0] if candidates else None
@@ -271,6 +272,7 @@ class Tracker:
     def _use_device(self, device: torch.device) -> None:
         """Measure on this device: the caching allocator's statistics on CUDA, else glibc's heap."""
         self._device = device
+        self._counter.device = device  # a saved tensor offloaded elsewhere holds none of its memory
         self._cuda_events = device.type == "cuda"
         self._hello = None
         # A fresh backend: a trace of another device's memory says nothing about this one.
@@ -358,8 +360,7 @@ class Tracker:
                 self._write_oom(exc)
             return
         self._step = None
-        with self._guard(Feature.ACTIVATIONS):
-            self._counter.stop()
+        self._close_window(rec)
         with self._guard(Feature.STEP):
             self._finish(rec, exc)
         if exc is not None and is_oom(exc):
@@ -384,6 +385,8 @@ class Tracker:
             heap_step = memory.step_ends(rec, stats_due=due)
             if heap_step is not None:
                 self._schedule.heap_step = heap_step
+            if isinstance(memory, HeapBackend) and memory.runtime is None and rec.heap_from is None:
+                memory.measure_runtime(rec, step_parts(rec, self._sums))
         if rec.grads is None and self._schedule.refresh_due(rec.index) and self._guard.ok(Feature.GRADIENTS):
             # No optimizer hook saw this step: gradients as they are now.
             with self._guard(Feature.GRADIENTS):
@@ -486,6 +489,7 @@ class Tracker:
             if rec.in_forward > 1:
                 return  # re-entrant call of the same model inside its forward
             rec.micro += 1
+            self._close_window(rec)  # an earlier micro-batch's, left open after its forward
             x = _first_tensor(args, kwargs)
             shape = tuple(x.shape) if x is not None else None
             if x is not None and x.dim() >= 1 and (rec.samples is None or rec.tokens is None):
@@ -508,11 +512,13 @@ class Tracker:
             if self._guard.ok(Feature.TIMING):
                 rec.clock.mark(FORWARD_PRE)
             reached = True
-        if count and reached:
+        if count and reached and rec is not None:
             # (fails where saved-tensor hooks are disabled, e.g. by a compiler or FSDP)
             with self._guard(Feature.ACTIVATIONS):
-                self._counter.reset()
-                self._counter.start()
+                counter = self._counter
+                counter.reset()
+                counter.set_inputs(input_storage_keys(args, kwargs))
+                rec.window = counter.start(keep_open=True)
 
     def _on_forward_post(self, module: torch.nn.Module, args: tuple[Any, ...], output: Any) -> None:
         with self._guard(Feature.FORWARD):
@@ -524,16 +530,13 @@ class Tracker:
                 return
             counter = self._counter
             sums = self._sums
-            if counter.active:
-                counter.stop()
+            if rec.window:  # what the forward saved (the window may stay open for the loss)
                 acts = counter.activation_bytes
                 copies = counter.weight_copy_bytes
-                rec.activations = acts if rec.activations is None else max(rec.activations, acts)
-                rec.weight_copies = max(rec.weight_copies, copies)
-                sums.activations, sums.weight_copies = rec.activations, rec.weight_copies
-                self._schedule.counted_step = rec.index
-                if counter.weight_copy_dtype is not None:
-                    self._autocast_dtype = counter.weight_copy_dtype
+                with self._guard(Feature.ACTIVATIONS):
+                    counter.end_forward()
+                if not counter.active:
+                    self._record_count(rec)
             else:  # not counted this time: the last count stands
                 acts, copies = sums.activations or 0, sums.weight_copies
             if self._guard.ok(Feature.TIMING):
@@ -543,6 +546,30 @@ class Tracker:
             if self._memory is not None:
                 self._memory.read(rec, Phase.FORWARD, acts + copies + earlier_grads, held)
             self._boundary(rec, Phase.BACKWARD)
+
+    def _record_count(self, rec: StepRecord) -> None:
+        """The micro-batch's window closed: keep the largest micro-batch's counts."""
+        rec.window = False
+        counter, sums = self._counter, self._sums
+        acts = counter.activation_bytes
+        rec.activations = acts if rec.activations is None else max(rec.activations, acts)
+        rec.weight_copies = max(rec.weight_copies, counter.weight_copy_bytes)
+        rec.inputs = max(rec.inputs, counter.input_bytes)
+        sums.activations, sums.weight_copies, sums.inputs = rec.activations, rec.weight_copies, rec.inputs
+        self._schedule.counted_step = rec.index
+        if counter.weight_copy_dtype is not None:
+            self._autocast_dtype = counter.weight_copy_dtype
+
+    def _close_window(self, rec: StepRecord) -> None:
+        """Close the counting window at the step's next boundary (a backward's end, the optimizer, the
+        next micro-batch, the step's end): what the loss saved after the model's forward is in it."""
+        counter = self._counter
+        if not rec.window and not counter.active:
+            return
+        with self._guard(Feature.ACTIVATIONS):
+            counter.stop()
+        if rec.window:
+            self._record_count(rec)
 
     def _on_optimizer_pre(self, optimizer: Any, args: Any, kwargs: Any) -> None:
         self.optimizer_begin()
@@ -555,6 +582,7 @@ class Tracker:
         rec = self._step
         if not self.enabled or rec is None or rec.in_forward:
             return
+        self._close_window(rec)
         with self._guard(Feature.BACKWARD):
             if self._guard.ok(Feature.TIMING):
                 rec.clock.mark(BACKWARD_END)
@@ -569,6 +597,7 @@ class Tracker:
         rec = self._step
         if not self.enabled or rec is None or rec.optimizer_ran or rec.in_forward:
             return
+        self._close_window(rec)
         with self._guard(Feature.OPTIMIZER):
             rec.optimizer_ran = True
             sums = self._sums
@@ -634,16 +663,22 @@ class Tracker:
         memory[Component.GRADIENTS.value] = parts.gradients if guard.ok(Feature.GRADIENTS) else None
         if guard.ok(Feature.ACTIVATIONS) and parts.activations_known:
             memory[Component.ACTIVATIONS.value] = parts.activations
+            memory[Component.INPUTS.value] = parts.inputs or None  # a row only where there are some
         backend = self._memory
         split = backend.peak(rec, parts) if backend is not None else None
         if backend is None or split is None:
             return MemoryResult(step=rec.index, memory=memory, micro=rec.micro, batch=self._batch_size(rec))
         memory[Component.TEMPORARIES.value] = split.temporaries
-        memory[Component.UNATTRIBUTED.value] = split.unattributed
+        runtime = backend.runtime
+        pre = divide_preexisting(split.preexisting or 0, parts.inputs, runtime)
+        memory[Component.UNATTRIBUTED.value] = pre.unattributed if split.preexisting is not None else None
+        if runtime is not None:
+            memory[Component.RUNTIME.value] = runtime
         if split.allocator_cache is not None:
             memory[Component.ALLOCATOR_CACHE.value] = split.allocator_cache
         named = guard.all_ok(*_NAMED)
-        at_peak = self._splitter.split(split.peak, self._sums.weights, split.unattributed or 0, split.held)
+        weights = self._sums.weights
+        at_peak = self._splitter.split(split.peak, weights, split.held, pre, runtime=runtime is not None)
         return MemoryResult(
             step=rec.index,
             memory=memory,
@@ -814,8 +849,8 @@ class Tracker:
         rec = self._step
         if rec is not None:
             self._step = None
+            self._close_window(rec)
             with self._guard(Feature.STEP):
-                self._counter.stop()
                 self._finish(rec, exc)
         return self._write_oom(exc)
 
@@ -833,7 +868,7 @@ class Tracker:
         with self._guard(Feature.SETUP):
             self._detach()
         with self._guard(Feature.ACTIVATIONS):
-            self._counter.stop()
+            self._counter.stop()  # (a window of a forward outside any step)
         if self._unpublished:
             self._publish_latest()
         self._channel.close()
