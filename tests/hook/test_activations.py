@@ -141,9 +141,9 @@ def test_split_at_peak_matches_memtracker(
     hk: SimpleNamespace, batch_size: int, seq: int, phases: tuple[str, ...]
 ) -> None:
     """The at-peak split of a CPU step against MemTracker's own snapshot at ITS peak (categories of every
-    tensor alive at that moment): activations and gradients held, the peak without runtime and unattributed, and the
-    temporaries (MemTracker files the optimizer's temporaries under OPT, so the exact state bytes come
-    off). The sum of the split is the peak, exactly."""
+    tensor alive at that moment): activations and gradients held, the peak without runtime and
+    unattributed, and the temporaries (MemTracker files the optimizer's temporaries under OPT, so the
+    exact state bytes come off). The sum of the split is the peak, exactly."""
     from torch.distributed._tools.mem_tracker import _MemRefType
 
     batch = hk.bert_batch(batch=batch_size, seq=seq)
