@@ -41,6 +41,12 @@ class MemoryTrace(TorchDispatchMode):
         self.moments: dict[Phase, Moment] = {}
         self.failed = False
 
+    @classmethod
+    def ignore_compile_internals(cls) -> bool:
+        # Any other dispatch mode makes Dynamo skip a compiled frame, and torch then runs it eagerly
+        # for good; this one reads memory after the ops of compiled code that run through the dispatcher.
+        return True
+
     def __torch_dispatch__(
         self, func: Any, types: Any, args: tuple[Any, ...] = (), kwargs: dict[str, Any] | None = None
     ) -> Any:

@@ -41,6 +41,7 @@ import torch
 
 from anatomy import advisor
 from anatomy.hook.backend import CudaBackend, HeapBackend, MemoryBackend
+from anatomy.hook.compiled import compile_in_use, dynamo_loaded, outside_compile
 from anatomy.hook.cuda import CudaAllocator
 from anatomy.hook.detect import active_autocast_dtype, detect_optimizer, detect_precision, is_oom
 from anatomy.hook.gradients import GradientWatcher
@@ -203,6 +204,7 @@ class Tracker:
         self._memory: MemoryBackend | None = None
         self._param_count = 0
         self._param_dtype = torch.float32
+        self._compile_safe = False  # the hooks are wrapped to run outside compiled frames
         if not enabled:
             return
         with self._guard(Feature.SETUP):
@@ -223,9 +225,38 @@ class Tracker:
         self._probe_ptr = 0
         self._refresh_weights()
         self._sums.gradients = gradient_bytes(params)
-        self._handles.append(model.register_forward_pre_hook(self._on_forward_pre, with_kwargs=True))
-        self._handles.append(model.register_forward_hook(self._on_forward_post, always_call=True))
+        self._register_model_hooks()
         self.attach_optimizer(optimizer)
+
+    def _register_model_hooks(self) -> None:
+        """The forward pre/post hooks, kept out of compiled graphs where Dynamo is loaded."""
+        for h in self._handles:
+            h.remove()
+        self._compile_safe = dynamo_loaded()
+        model = self.model
+        pre, post = outside_compile(self._on_forward_pre), outside_compile(self._on_forward_post)
+        self._handles = [
+            model.register_forward_pre_hook(pre, with_kwargs=True),
+            model.register_forward_hook(post, always_call=True),
+        ]
+
+    def _register_optimizer_hooks(self, opt: Any) -> None:
+        for h in self._opt_handles:
+            h.remove()
+        self._opt_handles = []
+        if hasattr(opt, "register_step_pre_hook"):
+            pre, post = outside_compile(self._on_optimizer_pre), outside_compile(self._on_optimizer_post)
+            self._opt_handles = [opt.register_step_pre_hook(pre), opt.register_step_post_hook(post)]
+
+    def _keep_out_of_compile(self) -> None:
+        """Dynamo was loaded after track() (a torch.compile since): wrap the hooks now, at a step
+        boundary, before a compiled frame can trace them."""
+        if self._compile_safe or not dynamo_loaded():
+            return
+        with self._guard(Feature.SETUP):
+            self._register_model_hooks()
+            if self._optimizer is not None:
+                self._register_optimizer_hooks(self._optimizer)
 
     def attach_optimizer(self, optimizer: Any) -> None:
         """Track this optimizer's steps (the Trainer creates its optimizer after the model)."""
@@ -235,13 +266,8 @@ class Tracker:
             opt = unwrap_optimizer(optimizer)
             if opt is self._optimizer:
                 return
-            for h in self._opt_handles:
-                h.remove()
-            self._opt_handles = []
             self._optimizer = opt
-            if hasattr(opt, "register_step_pre_hook"):
-                self._opt_handles.append(opt.register_step_pre_hook(self._on_optimizer_pre))
-                self._opt_handles.append(opt.register_step_post_hook(self._on_optimizer_post))
+            self._register_optimizer_hooks(opt)
             self._hello = None
         if self._optimizer is not None and self._guard.ok(Feature.OPTIMIZER_STATES):
             with self._guard(Feature.OPTIMIZER_STATES):
@@ -322,6 +348,7 @@ class Tracker:
         self._explicit = True
         if self._step is not None:
             self.end_step()
+        self._keep_out_of_compile()
         self._begin(auto=False, samples=samples, tokens=tokens)
 
     def _begin(self, auto: bool, samples: int | None = None, tokens: int | None = None) -> None:
@@ -393,6 +420,7 @@ class Tracker:
                 rec.grads = gradient_bytes(self._params)
                 self._sums.gradients = rec.grads
         self._steps_done += 1
+        self._keep_out_of_compile()
         self._throughput.step_finished(rec)
         self._throughput.resolve()
         self._last_rec = rec
@@ -406,7 +434,10 @@ class Tracker:
 
     def _start_profiler(self, rec: StepRecord) -> None:
         with self._guard(Feature.OP_GROUPS):
-            prof = OpGroupProfiler()
+            # Normalization modules are watched by module hooks, except where something is compiled:
+            # a graph compiled while they are on would break at every norm for good.
+            modules = () if compile_in_use(self.model) else self.model.modules()
+            prof = OpGroupProfiler(modules, hook=outside_compile)
             prof.__enter__()
             rec.profiler = prof
             rec.profiled = True

@@ -5,7 +5,7 @@ Each test runs the same loop with and without the hook and compares what the use
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from types import SimpleNamespace
 from typing import Any
 
@@ -120,12 +120,106 @@ def test_a_pair_pushed_after_the_forward_is_left_alone(hk: SimpleNamespace) -> N
     assert top(True) is None
 
 
-@contextlib.contextmanager
-def _no_warnings_about_hooks() -> Iterator[None]:
+class _Block(torch.nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        torch.manual_seed(0)
+        self.up = torch.nn.Linear(32, 64)
+        self.norm = torch.nn.LayerNorm(64)
+        self.down = torch.nn.Linear(64, 8)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.down(torch.relu(self.norm(self.up(x))))  # type: ignore[no-any-return]
+
+
+def _compiled_run(how: str, hooked: bool, steps: int = 7) -> tuple[list[int], list[str], Any]:
+    """Calls into the compiled graph per step, through a counting torch.compile backend."""
     import warnings
 
+    torch._dynamo.reset()
+    calls: list[int] = []
+
+    def counting_backend(gm: torch.fx.GraphModule, example_inputs: list[torch.Tensor]) -> Any:
+        def run(*args: Any) -> Any:
+            calls[-1] += 1
+            return gm.forward(*args)
+
+        return run
+
+    model = _Block()
+    if how == "model.compile":
+        model.compile(backend=counting_backend)
+        runs = model
+    else:
+        runs = torch.compile(model, backend=counting_backend)
+    opt = torch.optim.AdamW(model.parameters())
+    x = torch.randn(16, 32)
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
-        yield
-    texts = [str(w.message) for w in caught]
-    assert not [t for t in texts if "hook" in t.lower()], texts
+        # sample_every=2: the op-group profiler and the per-op trace run on steps 1, 2, 4, 6
+        tracker = anatomy.track(runs, opt, publish=False, sample_every=2) if hooked else None
+        for _ in range(steps):
+            calls.append(0)
+            with tracker.step() if tracker is not None else contextlib.nullcontext():
+                runs(x).pow(2).mean().backward()
+                opt.step()
+                opt.zero_grad()
+        snap = tracker.latest if tracker is not None else None
+        if tracker is not None:
+            tracker.close()
+    return calls, [str(w.message) for w in caught], snap
+
+
+@pytest.mark.parametrize("how", ["torch.compile", "model.compile"])
+def test_a_compiled_model_stays_compiled_on_every_step(how: str) -> None:
+    without, _, _ = _compiled_run(how, hooked=False)
+    with_hook, warned, snap = _compiled_run(how, hooked=True)
+    assert without == [1] * len(without)
+    assert with_hook == without  # old hook: [1, 0, 0, ...] -- eager from the first sampled step on
+    assert not [w for w in warned if "hook" in w.lower()], warned  # no global module hooks
+    assert snap is not None and snap.error is None
+    assert snap.memory[Component.ACTIVATIONS.value]  # what the compiled graph saved for backward
+    assert snap.op_groups_step is not None  # the sampled step ran, beside the compiled graph
+
+
+def test_compiled_after_track_in_a_process_without_dynamo(tmp_path: Any) -> None:
+    """A plain-torch script that tracks first, then compiles and creates its optimizer (Dynamo not loaded
+    at track()): the hooks are wrapped at the next step boundary, before the compiled frame runs."""
+    import subprocess
+    import sys
+
+    script = """
+import sys, torch
+import anatomy
+calls = []
+def counting_backend(gm, example_inputs):
+    def run(*args):
+        calls[-1] += 1
+        return gm.forward(*args)
+    return run
+class Block(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.up, self.down = torch.nn.Linear(32, 64), torch.nn.Linear(64, 8)
+    def forward(self, x):
+        return self.down(torch.relu(self.up(x)))
+model = Block()
+tracker = anatomy.track(model, publish=False, sample_every=2)
+assert "torch._dynamo" not in sys.modules  # (creating a torch optimizer loads it)
+model.compile(backend=counting_backend)
+opt = torch.optim.SGD(model.parameters(), lr=0.1)
+tracker.attach_optimizer(opt)
+for _ in range(5):
+    calls.append(0)
+    with tracker.step():
+        model(torch.randn(4, 32)).sum().backward()
+        opt.step()
+        opt.zero_grad()
+tracker.close()
+print(calls, tracker.latest.error)
+"""
+    out = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, timeout=120, cwd=str(tmp_path)
+    )
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == "[1, 1, 1, 1, 1] None"

@@ -296,7 +296,7 @@ def _profile_block(norm: torch.nn.Module, batch: int = 8, dim: int = 16) -> dict
     torch.manual_seed(0)
     head = torch.nn.Linear(dim, dim)
     x = torch.randn(batch, dim, requires_grad=True)
-    prof = OpGroupProfiler()
+    prof = OpGroupProfiler(norm.modules())
     with prof:
         head(norm(x)).sum().backward()
     result = prof.result()
@@ -326,8 +326,8 @@ def test_a_wrapper_named_norm_is_not_a_normalization() -> None:
 
 
 def test_module_hooks_are_removed_after_profiling() -> None:
-    prof = OpGroupProfiler()
     norm = PyRMSNorm(4)
+    prof = OpGroupProfiler(norm.modules())
     with prof:
         norm(torch.randn(2, 4, requires_grad=True))
     assert len(prof._norm_starts) == 1
