@@ -16,8 +16,10 @@ from anatomy.hook.heap import HostHeap
 from anatomy.hook.record import (
     HeapHistory,
     Held,
+    KnownGrowth,
     MemorySource,
     PeakSplit,
+    PhasePeak,
     Reading,
     StepParts,
     StepRecord,
@@ -130,7 +132,11 @@ class HeapBackend:
 
 
 class CudaBackend:
-    """CUDA: the caching allocator's peak allocated bytes, a window per phase."""
+    """CUDA: the caching allocator's allocated bytes at the phase boundaries and its process-wide peak,
+    read and never reset. A phase during which the peak rose reached it: that phase's peak is exact. A
+    step that sets no new high (the steady state) reports the growth last measured exactly — by a rising
+    step or by the per-op trace of a sampled step — bounded below by its own boundary readings and above
+    by the process-wide peak; ``at_peak_step`` names the step it comes from."""
 
     source = MemorySource.CUDA_ALLOCATOR
     is_cuda = True
@@ -140,6 +146,7 @@ class CudaBackend:
         self._guard = guard
         self.traced: Traced | None = None
         self.runtime: int | None = None  # CUDA: the context is NVML's figure (the monitor's)
+        self.known: KnownGrowth | None = None
         self._last_stats: CudaStats | None = None  # a full statistics read, only for a snapshot
 
     def read_start(self, rec: StepRecord) -> None:
@@ -152,12 +159,16 @@ class CudaBackend:
         if not self._guard.ok(Feature.CUDA):
             return
         with self._guard(Feature.CUDA):
-            alloc = self.allocator
+            now = self.allocator.reading()
             if rec.cuda_start is None:
-                alloc.peak_and_reset()
-                rec.cuda_start = alloc.allocated()
-            else:
-                rec.cuda_peaks.append((rec.cuda_phase, alloc.peak_and_reset()))
+                rec.cuda_start = now.allocated
+            elif now.peak > rec.cuda_high:  # the maximum was reached in this phase
+                rec.cuda_peaks.append(PhasePeak(rec.cuda_phase, now.peak, exact=True))
+            else:  # below the high (or the user reset the peak meanwhile): the boundaries bound it
+                bound = max(rec.cuda_phase_start, now.allocated, now.peak if now.peak < rec.cuda_high else 0)
+                rec.cuda_peaks.append(PhasePeak(rec.cuda_phase, bound, exact=False))
+            rec.cuda_high = now.peak
+            rec.cuda_phase_start = now.allocated
             rec.cuda_phase = next_phase
 
     def step_ends(self, rec: StepRecord, stats_due: bool) -> int | None:
@@ -174,16 +185,36 @@ class CudaBackend:
     def trace_start(self, rec: StepRecord) -> int | None:
         return rec.cuda_start
 
+    def _step_peak(self, rec: StepRecord, start: int) -> tuple[int, Phase, int]:
+        """The step's peak, its phase, and the step that measured it exactly."""
+        exact = [p for p in rec.cuda_peaks if p.exact]
+        traced = self.traced
+        if traced is not None and traced.step == rec.index:
+            self.known = KnownGrowth(rec.index, traced.growth, traced.phase)
+        if exact:
+            top = max(exact, key=lambda p: p.value)
+            if self.known is None or self.known.step != rec.index or top.value - start > self.known.growth:
+                self.known = KnownGrowth(rec.index, top.value - start, top.phase)
+        bound = max(rec.cuda_peaks, key=lambda p: p.value)
+        known = self.known
+        if known is None:
+            return bound.value, bound.phase, rec.index
+        if known.step == rec.index:
+            return start + known.growth, known.phase, rec.index
+        # Same shapes, same growth: the last exact figure, within what this step's readings allow.
+        peak = min(max(start + known.growth, bound.value), max(rec.cuda_high, bound.value))
+        return peak, known.phase, known.step
+
     def peak(self, rec: StepRecord, parts: StepParts) -> PeakSplit | None:
         start = rec.cuda_start
         if start is None or not rec.cuda_peaks or not self._guard.ok(Feature.CUDA):
             return None
-        phase, peak = max(rec.cuda_peaks, key=lambda pp: pp[1])
+        peak, phase, at_peak_step = self._step_peak(rec, start)
         traced = self.traced
         if traced is not None and traced.phase is phase:
             held, at_peak_step = traced.held, traced.step
         else:  # no trace of this phase yet: what the phase's boundaries say is held in it
-            held, at_peak_step = held_in_phase(rec, phase, parts), rec.index
+            held = held_in_phase(rec, phase, parts)
         end = rec.cuda_end
         cuda = None
         cache = None

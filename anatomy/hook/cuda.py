@@ -1,13 +1,19 @@
-"""The CUDA memory reader: the caching allocator's counters for one device."""
+"""The CUDA memory reader: the caching allocator's counters for one device.
+
+Reads only — never ``reset_peak_memory_stats``: the process-wide peak belongs to the user (their own
+``torch.cuda.max_memory_allocated()``, the Trainer's memory metrics). Host-side counters: no read
+synchronizes with the device.
+"""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class CudaStats:
     allocated: int
     reserved: int
@@ -16,27 +22,33 @@ class CudaStats:
     ooms: int
 
 
-class CudaAllocator:
-    """The caching allocator's counters for one device. Host-side reads: none synchronizes."""
+@dataclass(frozen=True, slots=True)
+class CudaReading:
+    allocated: int  # now
+    peak: int  # the process-wide peak since the last reset (by anyone but us)
 
+
+def _stat(stats: dict[str, Any], key: str) -> int:
+    return int(stats.get(key, 0))
+
+
+class CudaAllocator:
     def __init__(self, device: torch.device) -> None:
         self.device = device
 
     def allocated(self) -> int:
         return int(torch.cuda.memory_allocated(self.device))
 
-    def peak_and_reset(self) -> int:
-        """Peak allocated since the last reset, then start a new peak window."""
-        peak = int(torch.cuda.max_memory_allocated(self.device))
-        torch.cuda.reset_peak_memory_stats(self.device)
-        return peak
+    def reading(self) -> CudaReading:
+        s = torch.cuda.memory_stats(self.device)
+        return CudaReading(_stat(s, "allocated_bytes.all.current"), _stat(s, "allocated_bytes.all.peak"))
 
     def stats(self) -> CudaStats:
         s = torch.cuda.memory_stats(self.device)
         return CudaStats(
-            allocated=int(s.get("allocated_bytes.all.current", 0)),
-            reserved=int(s.get("reserved_bytes.all.current", 0)),
-            peak_allocated=int(s.get("allocated_bytes.all.peak", 0)),
-            alloc_retries=int(s.get("num_alloc_retries", 0)),
-            ooms=int(s.get("num_ooms", 0)),
+            allocated=_stat(s, "allocated_bytes.all.current"),
+            reserved=_stat(s, "reserved_bytes.all.current"),
+            peak_allocated=_stat(s, "allocated_bytes.all.peak"),
+            alloc_retries=_stat(s, "num_alloc_retries"),
+            ooms=_stat(s, "num_ooms"),
         )

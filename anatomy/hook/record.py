@@ -59,6 +59,26 @@ class Traced:
 
 
 @dataclass(frozen=True, slots=True)
+class PhasePeak:
+    """A phase's peak on CUDA: exact when the process-wide peak rose during the phase (the maximum was
+    reached in it), else the higher of its boundary readings (a lower bound)."""
+
+    phase: Phase
+    value: int
+    exact: bool
+
+
+@dataclass(frozen=True, slots=True)
+class KnownGrowth:
+    """The last step peak measured exactly (a rising step, or a per-op trace): its growth above the
+    step's start, which steps with the same shapes repeat."""
+
+    step: int
+    growth: int
+    phase: Phase
+
+
+@dataclass(frozen=True, slots=True)
 class HeapHistory:
     """The boundary readings of the last step that read the heap (CPU), for the steps that do not."""
 
@@ -92,10 +112,12 @@ class StepRecord:
     heap_on: bool = True  # read the heap at this step's boundaries; else the last readings stand
     heap_from: int | None = None  # the step whose heap readings this one reports
     readings: list[Reading] = field(default_factory=list)
-    # CUDA allocator: a peak window per phase
+    # CUDA allocator: boundary readings, and the process-wide peak seen so far
     cuda_start: int | None = None
     cuda_phase: Phase = Phase.OTHER
-    cuda_peaks: list[tuple[Phase, int]] = field(default_factory=list)
+    cuda_phase_start: int = 0  # allocated when the current phase began
+    cuda_high: int = 0  # the process-wide peak at the last reading
+    cuda_peaks: list[PhasePeak] = field(default_factory=list)
     cuda_end: CudaStats | None = None
     # sampled steps
     profiler: OpGroupProfiler | None = None

@@ -1,10 +1,13 @@
-"""The tracker's CUDA memory path, driven by a simulated caching allocator on CPU.
+"""The tracker's CUDA memory path, driven by a stand-in for ``torch.cuda``'s allocator statistics on CPU.
 
-No GPU here, so the allocator is simulated: "allocated" is glibc's heap in use (minus a constant
-non-tensor base), and its peak is tracked after every aten op by a dispatch mode — the statistics a
-real caching allocator keeps. Through that, the tracker's CUDA arithmetic (per-phase peak windows,
-temporaries, unattributed, allocator cache, CudaMemory) must agree with its CPU path on the same model.
-CUDA events are simulated too, to show phase times are read only once the events completed.
+No GPU here, so the caching allocator's counters are simulated and patched in where torch.cuda has
+them (``memory_stats``, ``memory_allocated``, ``max_memory_allocated``, ``reset_peak_memory_stats``):
+"allocated" is glibc's heap in use (minus a constant non-tensor base), and the peak is tracked after
+every aten op by a dispatch mode — the statistics a real caching allocator keeps. Through that, the
+tracker's CUDA arithmetic (phase peaks, temporaries, unattributed, allocator cache, CudaMemory) must
+agree with its CPU path on the same model, and the user's own peak readings must be what they are
+without the hook. CUDA events are simulated too, to show phase times are read only once the events
+completed.
 """
 
 from __future__ import annotations
@@ -18,7 +21,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 import anatomy
 from anatomy.hook.backend import CudaBackend
-from anatomy.hook.cuda import CudaStats
+from anatomy.hook.cuda import CudaAllocator
 from anatomy.hook.heap import HostHeap
 from anatomy.peaks import peak_flops
 from anatomy.vocabulary import Component, Precision
@@ -27,64 +30,93 @@ cuda_hello: list[Any] = []
 CACHE = 3 * 1024 * 1024  # the simulated allocator keeps this much reserved beyond what is allocated
 
 
-class SimulatedAllocator(TorchDispatchMode):
+class SimulatedCuda(TorchDispatchMode):
+    """The caching allocator's counters: allocated now, its peak since the last reset, every reading."""
+
     def __init__(self, heap: HostHeap, base: int) -> None:
         super().__init__()
         self.heap = heap
         self.base = base
         self.peak = 0
-        self.resets = 0
+        self.readings: list[int] = []  # allocated after every op and at every read, in order
+        self.resets: list[int] = []  # len(readings) at each reset
 
     def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
         out = func(*args, **(kwargs or {}))
-        self.peak = max(self.peak, self.allocated())
+        self._now()
         return out
 
-    def allocated(self) -> int:
+    def _now(self) -> int:
         now = self.heap.in_use()
         assert now is not None
-        return now - self.base
+        now -= self.base
+        self.readings.append(now)
+        self.peak = max(self.peak, now)
+        return now
 
-    def peak_and_reset(self) -> int:
-        now = self.allocated()
-        peak = max(self.peak, now)
-        self.peak = now
-        self.resets += 1
-        return peak
+    # torch.cuda's functions
+    def memory_allocated(self, device: Any = None) -> int:
+        return self._now()
 
-    def stats(self) -> CudaStats:
-        now = self.allocated()
-        return CudaStats(
-            allocated=now, reserved=now + CACHE, peak_allocated=self.peak, alloc_retries=2, ooms=0
-        )
+    def max_memory_allocated(self, device: Any = None) -> int:
+        self._now()
+        return self.peak
+
+    def reset_peak_memory_stats(self, device: Any = None) -> None:
+        self.peak = self._now()
+        self.resets.append(len(self.readings))
+
+    def memory_stats(self, device: Any = None) -> dict[str, int]:
+        now = self._now()
+        return {
+            "allocated_bytes.all.current": now,
+            "allocated_bytes.all.peak": self.peak,
+            "reserved_bytes.all.current": now + CACHE,
+            "num_alloc_retries": 2,
+            "num_ooms": 0,
+        }
+
+    def install(self, monkeypatch: pytest.MonkeyPatch) -> None:
+        for name in ("memory_allocated", "max_memory_allocated", "reset_peak_memory_stats", "memory_stats"):
+            monkeypatch.setattr(torch.cuda, name, getattr(self, name))
 
 
-def _run(hk: SimpleNamespace, simulated: bool) -> Any:
+def _simulated(model: torch.nn.Module, opt: torch.optim.Optimizer) -> SimulatedCuda:
+    """A simulated allocator that holds the model and its optimizer state, and little else."""
+    heap = HostHeap()
+    tensors = sum(p.numel() * 4 for p in model.parameters()) + sum(
+        t.numel() * t.element_size() for st in opt.state.values() for t in st.values()
+    )
+    tensors += sum(b.numel() * b.element_size() for b in model.buffers())
+    now = heap.in_use()
+    assert now is not None
+    return SimulatedCuda(heap, base=now - tensors)
+
+
+def _on_simulated_cuda(tracker: anatomy.Tracker) -> None:
+    tracker._memory = CudaBackend(CudaAllocator(torch.device("cuda", 0)), tracker._guard)
+    tracker._cuda_events = False  # host clock: there are no CUDA events to record
+
+
+def _run(hk: SimpleNamespace, sim: pytest.MonkeyPatch | None) -> Any:
     batch = hk.bert_batch(batch=8)
     model = hk.small_bert()
     opt = torch.optim.AdamW(model.parameters())
     hk.train_steps(model, opt, 1, batch=batch)  # optimizer state exists before tracking
     tracker = anatomy.track(model, opt, publish=False, sample_every=3)  # step 1 sampled, 2 not
-    alloc = None
-    if simulated:
-        heap = HostHeap()
-        tensors = sum(p.numel() * 4 for p in model.parameters()) + sum(
-            t.numel() * t.element_size() for st in opt.state.values() for t in st.values()
-        )
-        tensors += sum(b.numel() * b.element_size() for b in model.buffers())
-        now = heap.in_use()
-        assert now is not None
-        alloc = SimulatedAllocator(heap, base=now - tensors)
-        tracker._memory = CudaBackend(alloc, tracker._guard)  # type: ignore[arg-type]
-        tracker._cuda_events = False  # host clock: there are no CUDA events to record
-        with alloc:
+    cuda = None
+    if sim is not None:
+        cuda = _simulated(model, opt)
+        cuda.install(sim)
+        _on_simulated_cuda(tracker)
+        with cuda:
             hk.train_steps(model, opt, 3, tracker, batch=batch)
     else:
         hk.train_steps(model, opt, 3, tracker, batch=batch)
     snap = tracker.latest
     cuda_hello[:] = [tracker.hello]
     tracker.close()
-    return snap, alloc
+    return snap, cuda
 
 
 H100 = "NVIDIA H100 80GB HBM3"
@@ -93,12 +125,12 @@ H100 = "NVIDIA H100 80GB HBM3"
 def test_cuda_memory_arithmetic_agrees_with_cpu_path(
     hk: SimpleNamespace, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    cpu, _ = _run(hk, simulated=False)
+    cpu, _ = _run(hk, None)
     props = SimpleNamespace(name=H100, total_memory=80 * 2**30)
     monkeypatch.setattr(torch.cuda, "get_device_name", lambda *a: H100)
     monkeypatch.setattr(torch.cuda, "get_device_properties", lambda *a: props)
-    cuda, alloc = _run(hk, simulated=True)
-    assert alloc is not None and alloc.resets >= 3 * 4  # a peak window per phase boundary, per step
+    cuda, alloc = _run(hk, monkeypatch)
+    assert alloc is not None and alloc.resets == []  # the allocator's peak is the user's: never reset
     assert cuda.memory_source == "cuda_allocator" and cpu.memory_source == "glibc"
     for c in (Component.WEIGHTS, Component.OPTIMIZER_STATES, Component.GRADIENTS, Component.ACTIVATIONS):
         assert cuda.memory[c.value] == cpu.memory[c.value]
@@ -189,3 +221,59 @@ def test_cuda_event_timing_is_resolved_lazily_without_sync(
     assert t.forward_s + t.backward_s + t.optimizer_s <= t.step_s * 1.0001
     assert tracker._throughput.timing_step == 3 and not tracker._throughput.pending  # all resolved
     assert t.samples_per_s == pytest.approx(hk.BATCH / t.step_s)
+
+
+def _tracked_on_simulated_cuda(
+    hk: SimpleNamespace, monkeypatch: pytest.MonkeyPatch
+) -> tuple[torch.nn.Module, torch.optim.Optimizer, anatomy.Tracker, SimulatedCuda, dict[str, torch.Tensor]]:
+    batch = hk.bert_batch(batch=8)
+    model = hk.small_bert(vocab=2000)
+    batch["input_ids"] = batch["input_ids"] % 2000
+    opt = torch.optim.AdamW(model.parameters())
+    hk.train_steps(model, opt, 1, batch=batch)
+    tracker = anatomy.track(model, opt, publish=False, sample_every=3)
+    cuda = _simulated(model, opt)
+    cuda.install(monkeypatch)
+    props = SimpleNamespace(name=H100, total_memory=80 * 2**30)
+    monkeypatch.setattr(torch.cuda, "get_device_properties", lambda *a: props)
+    _on_simulated_cuda(tracker)
+    return model, opt, tracker, cuda, batch
+
+
+def test_the_users_peak_reading_is_what_it_is_without_the_hook(
+    hk: SimpleNamespace, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A user who never resets reads the process-wide peak; the hook never resets it under them."""
+    model, opt, tracker, cuda, batch = _tracked_on_simulated_cuda(hk, monkeypatch)
+    read, truth = [], []
+    with cuda:
+        for _ in range(5):
+            hk.train_steps(model, opt, 1, tracker, batch=batch)
+            read.append(torch.cuda.max_memory_allocated())
+            truth.append(max(cuda.readings))  # every reading the allocator took, none forgotten
+    tracker.close()
+    assert cuda.resets == []
+    assert read == truth
+
+
+def test_a_user_resetting_each_step_reads_that_steps_peak(
+    hk: SimpleNamespace, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The Trainer's memory metrics (and many loops) reset the peak, run, and read it: the reading is
+    the maximum since their own reset. The hook's step peak is then exact on every step."""
+    model, opt, tracker, cuda, batch = _tracked_on_simulated_cuda(hk, monkeypatch)
+    read, truth, snaps = [], [], []
+    with cuda:
+        for _ in range(5):
+            torch.cuda.reset_peak_memory_stats()
+            mark = len(cuda.readings) - 1  # the reading the reset took
+            hk.train_steps(model, opt, 1, tracker, batch=batch)
+            read.append(torch.cuda.max_memory_allocated())
+            truth.append(max(cuda.readings[mark:]))
+            snaps.append(tracker.latest)
+    tracker.close()
+    assert len(cuda.resets) == 5  # the user's own, and only those
+    assert read == truth
+    for snap, users_peak in zip(snaps, read, strict=True):
+        assert snap is not None and snap.peak_bytes is not None and snap.error is None
+        assert snap.peak_bytes == pytest.approx(users_peak, rel=0.01)  # (the sim counts Python garbage too)
