@@ -10,7 +10,9 @@ never a guess, and the training loop never sees the exception. Only ``Exception`
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from enum import Enum
+from typing import Any
 
 log = logging.getLogger("anatomy")
 
@@ -70,6 +72,17 @@ class Guard:
 
     def __call__(self, feature: Feature) -> _Section:
         return self._sections[feature]
+
+    def wrap(self, feature: Feature, fn: Callable[..., Any]) -> Callable[..., Any]:
+        """``fn`` run inside ``feature``'s section (for callbacks torch calls)."""
+        section = self._sections[feature]
+
+        def guarded(*args: Any, **kwargs: Any) -> Any:
+            with section:
+                return fn(*args, **kwargs)
+            return None
+
+        return guarded
 
     def ok(self, feature: Feature) -> bool:
         return feature not in self._off

@@ -45,6 +45,12 @@ class Channel:
             with self._guard(Feature.PUBLISH):
                 pub.publish(snap)
 
+    def set_hello(self, hello: Hello) -> None:
+        """The set-up changed: connected monitors get the new hello before the next snapshot."""
+        if self.publisher is not None:
+            with self._guard(Feature.PUBLISH):
+                self.publisher.set_hello(hello)
+
     def write_oom(self, snap: Snapshot, hello: Hello) -> Path | None:
         """The snapshot (``oom`` set) to the OOM file, through the publisher when there is one."""
         pub = self._ready(hello)

@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import os
 import time
+import weakref
 from collections import deque
 from collections.abc import Mapping
 from dataclasses import replace
@@ -41,6 +42,7 @@ import torch
 
 from anatomy import advisor
 from anatomy.hook.backend import CudaBackend, HeapBackend, MemoryBackend
+from anatomy.hook.changes import ModelWatch, OptimizerWatch
 from anatomy.hook.compiled import compile_in_use, dynamo_loaded, outside_compile
 from anatomy.hook.cuda import CudaAllocator
 from anatomy.hook.detect import active_autocast_dtype, detect_optimizer, detect_precision, is_oom
@@ -177,7 +179,10 @@ class Tracker:
         self._splitter = PeakSplitter()
         self._sums = Sums()
         self._precision_override = precision
-        self._optimizer: Any = None
+        self._optimizer_ref: weakref.ref[Any] | None = None  # weak: a replaced optimizer must die
+        self._forced_refresh = -1  # a step whose sums are re-taken whatever the schedule (a change)
+        self._looked_at = 0  # the last step that compared the model's parameters in full
+        self._hello_stale = False  # the hello changed since the publisher last got it
         self._opt_handles: list[Any] = []
         self._handles: list[Any] = []
         self._step: StepRecord | None = None
@@ -216,17 +221,22 @@ class Tracker:
     # -- set-up -----------------------------------------------------------------------------------
 
     def _setup(self, model: torch.nn.Module, optimizer: Any) -> None:
-        params = list(model.parameters())
-        self._params = params
-        self._param_count = parameter_count(model)
-        self._param_dtype = dominant_dtype(model)
-        self._counter = SavedTensorCounter(params)
-        self._probe_param: torch.Tensor | None = None
+        self._counter = SavedTensorCounter()
+        self._probe_ref: weakref.ref[torch.Tensor] | None = None  # one parameter, watched every step
         self._probe_ptr = 0
+        self._model_watch = ModelWatch(model)
+        self._optimizer_watch = OptimizerWatch(
+            self.attach_optimizer, lambda fn: outside_compile(self._guard.wrap(Feature.OPTIMIZER, fn))
+        )
         self._refresh_weights()
-        self._sums.gradients = gradient_bytes(params)
+        self._sums.gradients = gradient_bytes(model)
         self._register_model_hooks()
         self.attach_optimizer(optimizer)
+
+    @property
+    def _optimizer(self) -> Any:
+        ref = self._optimizer_ref
+        return ref() if ref is not None else None
 
     def _register_model_hooks(self) -> None:
         """The forward pre/post hooks, kept out of compiled graphs where Dynamo is loaded."""
@@ -266,12 +276,15 @@ class Tracker:
             opt = unwrap_optimizer(optimizer)
             if opt is self._optimizer:
                 return
-            self._optimizer = opt
+            self._optimizer_ref = self._optimizer_watch.current = weakref.ref(opt)
             self._register_optimizer_hooks(opt)
-            self._hello = None
-        if self._optimizer is not None and self._guard.ok(Feature.OPTIMIZER_STATES):
+            self._hello_changed()
+            # a new optimizer makes its states on its first step: re-sum them there, whatever the schedule
+            self._forced_refresh = self._step.index if self._step is not None else self._steps_done
+        opt = self._optimizer
+        if opt is not None and self._guard.ok(Feature.OPTIMIZER_STATES):
             with self._guard(Feature.OPTIMIZER_STATES):
-                self._sums.optimizer_states = optimizer_state_bytes(self._optimizer)
+                self._sums.optimizer_states = optimizer_state_bytes(opt)
 
     def set_precision(self, precision: Precision | None = None, *, grad_scaler: bool | None = None) -> None:
         """Tell the tracker what it cannot see (e.g. the Trainer's fp16/bf16 flags)."""
@@ -279,28 +292,59 @@ class Tracker:
             self._precision_override = precision
         if grad_scaler is not None:
             self._grad_scaler = grad_scaler
+        self._hello_changed()
+
+    def _hello_changed(self) -> None:
+        """Rebuilt on next use; a running publisher gets it with the next snapshot."""
         self._hello = None
+        self._hello_stale = True
+
+    def _refresh_due(self, index: int) -> bool:
+        return self._schedule.refresh_due(index) or index == self._forced_refresh
 
     def _refresh_weights(self) -> None:
-        by_dtype = weight_bytes(self.model)
+        """Re-sum the weights and re-learn the parameters (storages, device, count, dtype)."""
+        model = self.model
+        by_dtype = weight_bytes(model)
         self._sums.weights_by_dtype = by_dtype
         self._sums.weights = sum(by_dtype.values())
-        self._params = list(self.model.parameters())
-        self._counter.set_params([*self._params, *self.model.buffers()])
-        trainable = [p for p in self._params if p.requires_grad]
-        candidates = trainable or self._params
-        self._probe_param = candidates[0] if candidates else None
-        self._probe_ptr = self._probe_param.data_ptr() if self._probe_param is not None else 0
-        device = self._probe_param.device if self._probe_param is not None else torch.device("cpu")
+        params = list(model.parameters())
+        self._counter.set_params([*params, *model.buffers()])
+        self._model_watch.remember(model)
+        self._optimizer_watch.set_params(model)
+        trainable = [p for p in params if p.requires_grad]
+        candidates = trainable or params
+        probe = candidates[0] if candidates else None
+        self._probe_ref = weakref.ref(probe) if probe is not None else None
+        self._probe_ptr = probe.data_ptr() if probe is not None else 0
+        count, dtype = parameter_count(model), dominant_dtype(model)
+        if (count, dtype) != (self._param_count, self._param_dtype):
+            self._param_count, self._param_dtype = count, dtype
+            self._hello_changed()
+        device = probe.device if probe is not None else torch.device("cpu")
         if device != self._device:
             self._use_device(device)
+
+    def _probe(self) -> torch.Tensor | None:
+        ref = self._probe_ref
+        return ref() if ref is not None else None
+
+    def _model_changed(self, index: int) -> bool:
+        """The model's parameters changed since the last look (cheap: see anatomy.hook.changes)."""
+        probe = self._probe()
+        if probe is None or probe.data_ptr() != self._probe_ptr:
+            return True  # moved (.to(), a new device), or the parameter is gone
+        look = index - self._looked_at >= self._schedule.steps_per_interval()
+        if look:
+            self._looked_at = index
+        return self._model_watch.changed(self.model, look=look)
 
     def _use_device(self, device: torch.device) -> None:
         """Measure on this device: the caching allocator's statistics on CUDA, else glibc's heap."""
         self._device = device
         self._counter.device = device  # a saved tensor offloaded elsewhere holds none of its memory
         self._cuda_events = device.type == "cuda"
-        self._hello = None
+        self._hello_changed()
         # A fresh backend: a trace of another device's memory says nothing about this one.
         if device.type == "cuda":
             self._memory = CudaBackend(CudaAllocator(device), self._guard)
@@ -313,6 +357,9 @@ class Tracker:
         for h in self._handles + self._opt_handles:
             h.remove()
         self._handles, self._opt_handles = [], []
+        for watch in (getattr(self, "_model_watch", None), getattr(self, "_optimizer_watch", None)):
+            if watch is not None:
+                watch.close()
 
     @property
     def _is_cuda(self) -> bool:
@@ -355,17 +402,17 @@ class Tracker:
         with self._guard(Feature.STEP):
             index = self._steps_done
             sched = self._schedule
-            if self._probe_param is not None and self._probe_param.data_ptr() != self._probe_ptr:
-                self._refresh_weights()  # the model moved (.to(), a new device) since the last look
+            if self._model_changed(index):  # a new head, an untied embedding, .to(): all sums anew
+                self._forced_refresh = index
             clock = StepClock(cuda=self._cuda_events and self._guard.ok(Feature.TIMING))
             rec = StepRecord(index, auto, samples, tokens, clock)
             self._step = rec
             rec.opt_begin = self._sums.optimizer_states
-            probe = self._probe_param
+            probe = self._probe()
             rec.grads_begin = self._sums.gradients if probe is not None and probe.grad is not None else 0
-            if sched.refresh_due(index):
+            if self._refresh_due(index):
                 self._refresh_weights()
-                rec.grads_begin = gradient_bytes(self._params)
+                rec.grads_begin = self._sums.gradients = gradient_bytes(self.model)
             rec.heap_on = sched.heap_due(index)
             if self._memory is not None:
                 self._memory.read_start(rec)
@@ -414,10 +461,10 @@ class Tracker:
                 self._schedule.heap_step = heap_step
             if isinstance(memory, HeapBackend) and memory.runtime is None and rec.heap_from is None:
                 memory.measure_runtime(rec, step_parts(rec, self._sums))
-        if rec.grads is None and self._schedule.refresh_due(rec.index) and self._guard.ok(Feature.GRADIENTS):
+        if rec.grads is None and self._refresh_due(rec.index) and self._guard.ok(Feature.GRADIENTS):
             # No optimizer hook saw this step: gradients as they are now.
             with self._guard(Feature.GRADIENTS):
-                rec.grads = gradient_bytes(self._params)
+                rec.grads = gradient_bytes(self.model)
                 self._sums.gradients = rec.grads
         self._steps_done += 1
         self._keep_out_of_compile()
@@ -467,7 +514,7 @@ class Tracker:
             return
         try:
             with self._guard(Feature.HEAP_TRACE):
-                rec.grad_watch = GradientWatcher(self._params)
+                rec.grad_watch = GradientWatcher(self.model.parameters())
                 self._counter.track_alive = True
                 trace = MemoryTrace(read=read, probe=self._probe_held)
                 trace.__enter__()
@@ -528,8 +575,9 @@ class Tracker:
                 if x.dim() >= 2 and not x.is_floating_point():
                     rec.tokens_seen += int(x.numel())
             ac = active_autocast_dtype(self._device.type if self._device is not None else "cpu")
-            if ac is not None:
+            if ac is not None and ac != self._autocast_dtype:
                 self._autocast_dtype = ac
+                self._hello_changed()  # the precision is mixed now
             if self._guard.ok(Feature.ACTIVATIONS):
                 rec.counting = self._schedule.count_due(rec.index, shape, rec.counting)
                 count = rec.counting or rec.trace is not None
@@ -588,8 +636,9 @@ class Tracker:
         rec.inputs = max(rec.inputs, counter.input_bytes)
         sums.activations, sums.weight_copies, sums.inputs = rec.activations, rec.weight_copies, rec.inputs
         self._schedule.counted_step = rec.index
-        if counter.weight_copy_dtype is not None:
+        if counter.weight_copy_dtype is not None and counter.weight_copy_dtype != self._autocast_dtype:
             self._autocast_dtype = counter.weight_copy_dtype
+            self._hello_changed()
 
     def _close_window(self, rec: StepRecord) -> None:
         """Close the counting window at the step's next boundary (a backward's end, the optimizer, the
@@ -632,13 +681,9 @@ class Tracker:
         with self._guard(Feature.OPTIMIZER):
             rec.optimizer_ran = True
             sums = self._sums
-            if (
-                self._guard.ok(Feature.GRADIENTS)
-                and rec.grads is None
-                and self._schedule.refresh_due(rec.index)
-            ):
+            if self._guard.ok(Feature.GRADIENTS) and rec.grads is None and self._refresh_due(rec.index):
                 with self._guard(Feature.GRADIENTS):
-                    sums.gradients = gradient_bytes(self._params)
+                    sums.gradients = gradient_bytes(self.model)
             rec.grads = sums.gradients
             held = Held(gradients=rec.grads, optimizer_states=rec.opt_begin)
             if self._memory is not None:
@@ -657,10 +702,11 @@ class Tracker:
         with self._guard(Feature.OPTIMIZER):
             if self._guard.ok(Feature.TIMING):
                 rec.clock.mark(OPTIMIZER_POST)
-            refresh = self._schedule.refresh_due(rec.index)
-            if self._optimizer is not None and self._guard.ok(Feature.OPTIMIZER_STATES) and refresh:
+            refresh = self._refresh_due(rec.index)
+            opt = self._optimizer
+            if opt is not None and self._guard.ok(Feature.OPTIMIZER_STATES) and refresh:
                 with self._guard(Feature.OPTIMIZER_STATES):
-                    self._sums.optimizer_states = optimizer_state_bytes(self._optimizer)
+                    self._sums.optimizer_states = optimizer_state_bytes(opt)
             rec.opt_after = self._sums.optimizer_states
             if refresh and self._memory is not None:  # in steady state the heap after the step equals before
                 held = held_after_optimizer(rec, self._sums)
@@ -854,9 +900,13 @@ class Tracker:
 
     def _publish_latest(self) -> None:
         snap = self._latest
-        if snap is not None:
-            self._unpublished = False
-            self._channel.publish(snap, self.hello)
+        if snap is None:
+            return
+        self._unpublished = False
+        if self._hello_stale:  # the set-up changed: the monitor learns it before this step
+            self._hello_stale = False
+            self._channel.set_hello(self.hello)
+        self._channel.publish(snap, self.hello)
 
     def _write_oom(self, exc: BaseException) -> Path | None:
         """The last snapshot, with the error text, to the OOM file. Never raises."""
