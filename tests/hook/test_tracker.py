@@ -494,3 +494,27 @@ def test_heap_is_read_on_first_steps_and_shape_changes_not_every_step(hk: Simple
     assert len(readings8) >= 3
     assert snap is not None and snap.step == 8 and snap.at_peak_step == 8
     assert snap.peak_bytes == max(readings8)
+
+
+def test_a_broken_module_of_the_package_is_not_swallowed(tmp_path: Path) -> None:
+    """Every part of the hook is imported as code, not probed: an import error inside anatomy is a bug
+    that fails loudly at set-up (before, it silently became 'advisor unavailable' at debug level)."""
+    import subprocess
+    import sys
+
+    script = """
+import sys, torch
+sys.modules["anatomy.advisor"] = None  # as if anatomy/advisor.py failed to import
+import anatomy
+try:
+    anatomy.track(torch.nn.Linear(2, 2), publish=False)
+except ImportError as exc:
+    print("ImportError", exc.name)
+else:
+    print("swallowed")
+"""
+    out = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, timeout=120, cwd=str(tmp_path)
+    )
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == "ImportError anatomy.advisor"
