@@ -102,7 +102,7 @@ def test_bf16_autocast_counts_weight_copies_as_weights(hk: SimpleNamespace) -> N
 
 
 def test_counter_window_is_forward_only(hk: SimpleNamespace) -> None:
-    """Nothing packed outside start/stop is counted (e.g. a loss computed after the model)."""
+    """The counter counts between start and stop only (where those are is the tracker's decision)."""
     lin = torch.nn.Linear(16, 16)
     counter = SavedTensorCounter(lin.parameters())
     x = torch.randn(4, 16, requires_grad=True)
