@@ -159,36 +159,53 @@ class SavedTensorCounter:
 
     def _observe(self, t: torch.Tensor, packed: Any) -> Any:
         """Count what ``packed`` (what autograd will keep for ``t``) holds; return what autograd keeps."""
-        # Runs inside the user's forward: nothing may escape from here.
+        # Runs inside the user's forward, once per saved tensor: nothing may escape from here, and the
+        # common case (the tensor itself, its storage already seen) costs a few attribute reads.
         try:
-            if _in_backward():
-                return packed
-            kind = self._classify(t)
-            if kind is None:
-                return packed
-            kept = packed
-            for p in _tensors_in(packed):
-                if self.device is not None and p.device != self.device:
-                    continue  # moved off the device (offloaded): not memory of this device
-                storage = p.untyped_storage()
-                key = storage.data_ptr() or -id(p)
+            if packed is t:
+                storage = t.untyped_storage()
+                key = storage.data_ptr() or -id(t)
+                if key in self._weight_keys:
+                    return packed
                 known = self._kind.get(key)
                 if known is None:
-                    known = self._kind[key] = kind
-                    self._bytes[kind] += storage.nbytes()
-                    if kind == _COPY:
-                        self.weight_copy_dtype = t.dtype
+                    if _in_backward():
+                        return packed
+                    known = self._first_seen(t, key, storage.nbytes(), self._classify(t, key))
                 if self.track_alive and known != _INPUT:
-                    kept = self._watch(kept, key, known, storage.nbytes())
-            return kept
+                    return self._watch(packed, key, known, storage.nbytes())
+                return packed
+            return self._observe_packed(t, packed)
         except Exception:  # sparse/nested tensors have no single storage: not counted
             self.uncounted += 1
             return packed
 
-    def _classify(self, t: torch.Tensor) -> int | None:
-        key = storage_key(t)
-        if key in self._weight_keys:
-            return None
+    def _observe_packed(self, t: torch.Tensor, packed: Any) -> Any:
+        """A user's pack returned something else: count the tensors in it that stay on the device."""
+        if storage_key(t) in self._weight_keys or _in_backward():
+            return packed
+        kind = self._classify(t, storage_key(t))
+        kept = packed
+        for p in _tensors_in(packed):
+            if self.device is not None and p.device != self.device:
+                continue  # moved off the device (offloaded): not memory of this device
+            storage = p.untyped_storage()
+            key = storage.data_ptr() or -id(p)
+            known = self._kind.get(key)
+            if known is None:
+                known = self._first_seen(t, key, storage.nbytes(), kind)
+            if self.track_alive and known != _INPUT:
+                kept = self._watch(kept, key, known, storage.nbytes())
+        return kept
+
+    def _first_seen(self, t: torch.Tensor, key: int, nbytes: int, kind: int) -> int:
+        self._kind[key] = kind
+        self._bytes[kind] += nbytes
+        if kind == _COPY:
+            self.weight_copy_dtype = t.dtype
+        return kind
+
+    def _classify(self, t: torch.Tensor, key: int) -> int:
         if key in self._input_keys or _is_sliced_integer_view(t):
             return _INPUT
         return _COPY if self._is_weight_copy(t) else _ACTIVATION

@@ -30,7 +30,9 @@ class Schedule:
     def __init__(self, sample_every: int, interval_s: float) -> None:
         self.sample_every = int(sample_every)
         self.interval_s = float(interval_s)
-        self.recent_step_s: deque[float] = deque(maxlen=9)  # unprofiled steps' durations
+        self._recent_step_s: deque[float] = deque(maxlen=9)  # unprofiled steps' durations
+        self.median_step_s = 0.0
+        self._per_interval = 1
         self.input_shape: tuple[int, ...] | None = None  # of the last counted forward
         self.counted_step = -1  # the last step whose saved tensors were counted
         self.heap_step: int | None = None  # the last step that read the heap
@@ -39,9 +41,15 @@ class Schedule:
     def refresh_due(self, index: int) -> bool:
         return index < WARMUP_REFRESH_STEPS or (self.sample_every > 0 and index % self.sample_every == 0)
 
+    def note_step_s(self, step_s: float) -> None:
+        """An unprofiled step's duration (the median of the last few sets the pace of the schedule)."""
+        self._recent_step_s.append(step_s)
+        self.median_step_s = statistics.median(self._recent_step_s)
+        median = self.median_step_s
+        self._per_interval = max(1, int(self.interval_s / median)) if median > 0 else 1
+
     def steps_per_interval(self) -> int:
-        step_s = statistics.median(self.recent_step_s) if self.recent_step_s else 0.0
-        return max(1, int(self.interval_s / step_s)) if step_s > 0 else 1
+        return self._per_interval
 
     def heap_due(self, index: int) -> bool:
         """Read the heap at this step's boundaries (CPU)? In steady state each step's readings repeat

@@ -6,7 +6,6 @@ end and turned into numbers on a later step, when the device has caught up — n
 
 from __future__ import annotations
 
-import statistics
 from collections import deque
 
 from anatomy.hook.guard import Feature, Guard
@@ -82,7 +81,7 @@ class Throughput:
             clocks.popleft()
             self._ready = (rec, clock)
             if not rec.profiled and rec.index > 0 and step_s > 0:
-                self._schedule.recent_step_s.append(step_s)
+                self._schedule.note_step_s(step_s)
 
     def update_timing(self) -> None:
         """The newest resolved step's durations into ``timing`` (when a snapshot is built)."""
@@ -117,11 +116,8 @@ class Throughput:
     ) -> tuple[float | None, float | None]:
         """Achieved TFLOP/s (the sampled step's FLOPs over the median step time) and MFU, where the
         device's peak is known (``device_name``: a GPU's NVML name; None on CPU)."""
-        recent = self._schedule.recent_step_s
-        if not self.step_flops or not recent:
-            return None, None
-        step_s = statistics.median(recent)
-        if step_s <= 0:
+        step_s = self._schedule.median_step_s
+        if not self.step_flops or step_s <= 0:
             return None, None
         achieved = self.step_flops / step_s
         mfu = None

@@ -33,7 +33,7 @@ import os
 import time
 import weakref
 from collections import deque
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import replace
 from pathlib import Path
 from typing import Any, Literal
@@ -43,7 +43,7 @@ import torch
 from anatomy import advisor
 from anatomy.hook.backend import CudaBackend, HeapBackend, MemoryBackend
 from anatomy.hook.changes import ModelWatch, OptimizerWatch
-from anatomy.hook.compiled import compile_in_use, dynamo_loaded, outside_compile
+from anatomy.hook.compiled import compile_in_use, outside_compile
 from anatomy.hook.cuda import CudaAllocator
 from anatomy.hook.detect import active_autocast_dtype, detect_optimizer, detect_precision, is_oom
 from anatomy.hook.gradients import GradientWatcher
@@ -182,6 +182,7 @@ class Tracker:
         self._optimizer_ref: weakref.ref[Any] | None = None  # weak: a replaced optimizer must die
         self._forced_refresh = -1  # a step whose sums are re-taken whatever the schedule (a change)
         self._looked_at = 0  # the last step that compared the model's parameters in full
+        self._kind_of: tuple[Any, OptimizerKind] | None = None
         self._hello_stale = False  # the hello changed since the publisher last got it
         self._opt_handles: list[Any] = []
         self._handles: list[Any] = []
@@ -239,12 +240,12 @@ class Tracker:
         return ref() if ref is not None else None
 
     def _register_model_hooks(self) -> None:
-        """The forward pre/post hooks, kept out of compiled graphs where Dynamo is loaded."""
+        """The forward pre/post hooks, kept out of compiled graphs once anything is compiled."""
         for h in self._handles:
             h.remove()
-        self._compile_safe = dynamo_loaded()
+        self._compile_safe = compile_in_use(self.model)
         model = self.model
-        pre, post = outside_compile(self._on_forward_pre), outside_compile(self._on_forward_post)
+        pre, post = self._out_of_compile(self._on_forward_pre), self._out_of_compile(self._on_forward_post)
         self._handles = [
             model.register_forward_pre_hook(pre, with_kwargs=True),
             model.register_forward_hook(post, always_call=True),
@@ -255,13 +256,19 @@ class Tracker:
             h.remove()
         self._opt_handles = []
         if hasattr(opt, "register_step_pre_hook"):
-            pre, post = outside_compile(self._on_optimizer_pre), outside_compile(self._on_optimizer_post)
+            pre, post = (
+                self._out_of_compile(self._on_optimizer_pre),
+                self._out_of_compile(self._on_optimizer_post),
+            )
             self._opt_handles = [opt.register_step_pre_hook(pre), opt.register_step_post_hook(post)]
 
+    def _out_of_compile(self, fn: Callable[..., Any]) -> Callable[..., Any]:
+        return outside_compile(fn) if self._compile_safe else fn
+
     def _keep_out_of_compile(self) -> None:
-        """Dynamo was loaded after track() (a torch.compile since): wrap the hooks now, at a step
-        boundary, before a compiled frame can trace them."""
-        if self._compile_safe or not dynamo_loaded():
+        """Something was compiled since the hooks were registered (the wrapper costs ~0.5 µs a call, so
+        it is not there before): wrap them now, at a step boundary, before a compiled frame traces them."""
+        if self._compile_safe or not compile_in_use(self.model):
             return
         with self._guard(Feature.SETUP):
             self._register_model_hooks()
@@ -792,7 +799,11 @@ class Tracker:
 
     @property
     def optimizer_kind(self) -> OptimizerKind:
-        return detect_optimizer(self._optimizer)
+        ref = self._optimizer_ref  # the cache holds the weak reference, never the optimizer
+        cached = self._kind_of
+        if cached is None or cached[0] is not ref:
+            cached = self._kind_of = (ref, detect_optimizer(self._optimizer))
+        return cached[1]
 
     @property
     def hello(self) -> Hello:

@@ -23,7 +23,8 @@ def test_trace_on_first_sample_after_shape_change_and_every_nth() -> None:
 
 def test_counting_follows_shapes_and_the_publish_interval() -> None:
     s = Schedule(sample_every=100, interval_s=1.0)
-    s.recent_step_s.extend([0.25] * 5)  # 4 steps per interval
+    for _ in range(5):
+        s.note_step_s(0.25)  # 4 steps per interval
     assert s.steps_per_interval() == 4
     assert s.count_due(0, (4, 8), already=False)  # warm-up
     s.counted_step = 2
@@ -35,7 +36,8 @@ def test_counting_follows_shapes_and_the_publish_interval() -> None:
 
 def test_heap_read_on_warmup_sampled_steps_and_once_per_interval() -> None:
     s = Schedule(sample_every=100, interval_s=1.0)
-    s.recent_step_s.extend([0.5] * 5)  # 2 steps per interval
+    for _ in range(5):
+        s.note_step_s(0.5)  # 2 steps per interval
     assert s.heap_due(5)  # nothing read yet
     s.heap_step = 5
     assert not s.heap_due(6) and s.heap_due(7) and s.heap_due(100)
