@@ -18,10 +18,14 @@ _EIGHTHS = " ▏▎▍▌▋▊▉"
 COMPONENT_STYLES: dict[Component, str] = {
     Component.CUDA_CONTEXT: "bright_black",
     Component.ALLOCATOR_CACHE: "white",
+    Component.RUNTIME: "bright_black",
     Component.WEIGHTS: "blue",
+    Component.UNSHARDED_PARAMETERS: "bright_blue",
     Component.OPTIMIZER_STATES: "magenta",
     Component.GRADIENTS: "yellow",
     Component.ACTIVATIONS: "green",
+    Component.INPUTS: "bright_green",
+    Component.COMMUNICATION_BUFFERS: "bright_cyan",
     Component.TEMPORARIES: "cyan",
     # Grey, not red: unattributed memory is not an alarm, and red means "full" in the GPU bars.
     Component.UNATTRIBUTED: "grey58",
