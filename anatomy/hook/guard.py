@@ -37,6 +37,7 @@ class Feature(str, Enum):
     OP_GROUPS = "op_groups"
     MFU = "mfu"
     DEVICE = "device"
+    CHANGES = "model_changes"
     ADVISOR = "advisor"
     PUBLISH = "publish"
     SNAPSHOT = "snapshot"

@@ -317,8 +317,10 @@ class Tracker:
         self._sums.weights = sum(by_dtype.values())
         params = list(model.parameters())
         self._counter.set_params([*params, *model.buffers()])
-        self._model_watch.remember(model)
-        self._optimizer_watch.set_params(model)
+        if self._guard.ok(Feature.CHANGES):
+            with self._guard(Feature.CHANGES):
+                self._model_watch.remember(model)
+                self._optimizer_watch.set_params(model)
         trainable = [p for p in params if p.requires_grad]
         candidates = trainable or params
         probe = candidates[0] if candidates else None
@@ -338,13 +340,18 @@ class Tracker:
 
     def _model_changed(self, index: int) -> bool:
         """The model's parameters changed since the last look (cheap: see anatomy.hook.changes)."""
-        probe = self._probe()
-        if probe is None or probe.data_ptr() != self._probe_ptr:
-            return True  # moved (.to(), a new device), or the parameter is gone
-        look = index - self._looked_at >= self._schedule.steps_per_interval()
-        if look:
-            self._looked_at = index
-        return self._model_watch.changed(self.model, look=look)
+        if not self._guard.ok(Feature.CHANGES):
+            return False
+        with self._guard(Feature.CHANGES):  # (a parameter without storage cannot be compared)
+            if self._probe_ref is not None:
+                probe = self._probe_ref()
+                if probe is None or probe.data_ptr() != self._probe_ptr:
+                    return True  # moved (.to(), a new device), or the parameter is gone
+            look = index - self._looked_at >= self._schedule.steps_per_interval()
+            if look:
+                self._looked_at = index
+            return self._model_watch.changed(self.model, look=look)
+        return False
 
     def _use_device(self, device: torch.device) -> None:
         """Measure on this device: the caching allocator's statistics on CUDA, else glibc's heap."""
