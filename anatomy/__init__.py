@@ -12,17 +12,17 @@ from typing import TYPE_CHECKING, Any
 __all__ = ["AnatomyCallback", "Tracker", "track"]
 
 if TYPE_CHECKING:
-    from anatomy.callback import AnatomyCallback
-    from anatomy.tracker import Tracker, track
+    from anatomy.hook.callback import AnatomyCallback
+    from anatomy.hook.tracker import Tracker, track
 
 
 def __getattr__(name: str) -> Any:
     if name in ("track", "Tracker"):
-        from anatomy import tracker
+        from anatomy.hook import tracker
 
         return getattr(tracker, name)
     if name == "AnatomyCallback":
-        from anatomy.callback import AnatomyCallback
+        from anatomy.hook.callback import AnatomyCallback
 
         return AnatomyCallback
     raise AttributeError(f"module 'anatomy' has no attribute {name!r}")

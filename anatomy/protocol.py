@@ -243,7 +243,6 @@ class Snapshot:
     # ``memory`` keeps each component at its own maximum. None: an older hook, or no peak measured.
     at_peak: dict[str, int | None] | None = None
     at_peak_step: int | None = None  # the step whose per-op trace gave the at-peak split
-    memory_in_use: int | None = None  # allocated (CUDA) / glibc heap in use (CPU) when the snapshot was built
     protocol: int = PROTOCOL_VERSION
     type: str = "snapshot"
 
@@ -418,7 +417,6 @@ def _snapshot_from(d: Mapping[str, Any]) -> Snapshot:
         batch_size=_req(d, "batch_size", int, nullable=True),
         at_peak=at_peak,
         at_peak_step=_req(d, "at_peak_step", int, nullable=True),
-        memory_in_use=_req(d, "memory_in_use", int, nullable=True),
     )
 
 

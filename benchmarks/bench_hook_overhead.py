@@ -31,7 +31,7 @@ from pathlib import Path
 
 import torch
 
-from anatomy.tracker import SAMPLE_EVERY
+from anatomy.hook.schedule import SAMPLE_EVERY
 
 
 def build(layers: int, hidden: int, seed: int = 0) -> torch.nn.Module:
@@ -91,7 +91,7 @@ def main() -> None:
     directory = Path(tempfile.mkdtemp(prefix="anatomy-bench-"))
     os.environ["ANATOMY_TOP_DIR"] = str(directory)
     import anatomy
-    from anatomy.tracker import TRACE_EVERY
+    from anatomy.hook.schedule import TRACE_EVERY
 
     g = torch.Generator().manual_seed(1)
     batch = {

@@ -24,7 +24,7 @@ import torch
 from torch.utils.flop_counter import FlopCounterMode
 from transformers import BertConfig, BertForSequenceClassification
 
-from anatomy.opgroups import OpGroupProfiler
+from anatomy.hook.opgroups import OpGroupProfiler
 from anatomy.vocabulary import Phase
 
 

@@ -44,7 +44,7 @@ def test_monitor_never_imports_torch() -> None:
 
 def test_hook_never_imports_textual() -> None:
     modules = _modules("anatomy")
-    assert "anatomy.tracker" in modules and "anatomy.callback" in modules
+    assert "anatomy.hook.tracker" in modules and "anatomy.hook.callback" in modules
     assert _loaded_after_import(modules, ("textual",)) == []
 
 

@@ -1,4 +1,4 @@
-"""anatomy.opgroups: the classification table and the sampled-step profiler on real torch code."""
+"""anatomy.hook.opgroups: the classification table and the sampled-step profiler on real torch code."""
 
 from __future__ import annotations
 
@@ -9,8 +9,8 @@ import pytest
 import torch
 from torch.utils.flop_counter import FlopCounterMode
 
-import anatomy.opgroups as opgroups
-from anatomy.opgroups import OpGroupProfiler, base_name, classify
+import anatomy.hook.opgroups as opgroups
+from anatomy.hook.opgroups import OpGroupProfiler, base_name, classify
 from anatomy.protocol import OpGroupStat
 from anatomy.vocabulary import OpGroup, Phase
 
@@ -296,7 +296,7 @@ def _profile_block(norm: torch.nn.Module, batch: int = 8, dim: int = 16) -> dict
     torch.manual_seed(0)
     head = torch.nn.Linear(dim, dim)
     x = torch.randn(batch, dim, requires_grad=True)
-    prof = OpGroupProfiler()
+    prof = OpGroupProfiler(norm.modules())
     with prof:
         head(norm(x)).sum().backward()
     result = prof.result()
@@ -326,8 +326,8 @@ def test_a_wrapper_named_norm_is_not_a_normalization() -> None:
 
 
 def test_module_hooks_are_removed_after_profiling() -> None:
-    prof = OpGroupProfiler()
     norm = PyRMSNorm(4)
+    prof = OpGroupProfiler(norm.modules())
     with prof:
         norm(torch.randn(2, 4, requires_grad=True))
     assert len(prof._norm_starts) == 1

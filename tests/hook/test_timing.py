@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from anatomy.timing import (
+from anatomy.hook.timing import (
     BACKWARD_END,
     BEGIN,
     END,

@@ -12,8 +12,9 @@ well (this is what lets ``FlopCounterMode`` count backward FLOPs on GPUs). Ops c
 another thread: all accounting happens under a lock.
 
 Normalizations written as element-wise Python (LlamaRMSNorm's pow, mean, rsqrt, mul) are told apart by
-module: while a leaf module whose class name ends in "Norm" runs forward (global module hooks, installed
-only while the profiler is active), its non-contraction ops are NORMALIZATION; the autograd nodes it
+module: while a leaf module whose class name ends in "Norm" runs forward (hooks on the norm modules of
+the modules the profiler is given, installed only while it is active), its non-contraction ops are
+NORMALIZATION; the autograd nodes it
 created form a range of sequence numbers, and a backward op whose current autograd node
 (``torch._C._current_autograd_node()``) falls in such a range is NORMALIZATION too. Such ops keep
 their own per-element FLOP estimate.
@@ -291,8 +292,14 @@ class OpGroupProfiler(TorchDispatchMode):
     Accounting errors never reach the training step: a failing FLOP formula counts 0.
     """
 
-    def __init__(self) -> None:
+    def __init__(
+        self, modules: Iterable[torch.nn.Module] = (), hook: Callable[[Any], Any] = lambda f: f
+    ) -> None:
+        """``modules``: where to look for normalization modules to watch; ``hook`` wraps each module hook
+        (the tracker keeps them out of compiled graphs)."""
         super().__init__()
+        self._norm_modules = [m for m in modules if _is_norm_module(m)]
+        self._wrap_hook = hook
         self._lock = threading.Lock()
         self._phase = Phase.FORWARD
         self._flops: dict[OpGroup, float] = {}
@@ -329,6 +336,12 @@ class OpGroupProfiler(TorchDispatchMode):
         """FLOPs of the model's forward and backward (all groups but the optimizer): MFU's numerator."""
         return sum(f for g, f in self._flops.items() if g is not OpGroup.OPTIMIZER)
 
+    @classmethod
+    def ignore_compile_internals(cls) -> bool:
+        # Any other dispatch mode makes Dynamo skip a compiled frame, and torch then runs it eagerly
+        # for good; this one sees the ops of compiled code that run through the dispatcher.
+        return True
+
     def __enter__(self) -> OpGroupProfiler:
         self._install_norm_hooks()
         super().__enter__()
@@ -344,13 +357,13 @@ class OpGroupProfiler(TorchDispatchMode):
             self._exited = True
 
     def _install_norm_hooks(self) -> None:
-        if _SEQUENCE_NR is None:
+        if _SEQUENCE_NR is None or not self._norm_modules:
             return
+        enter, leave = self._wrap_hook(self._norm_enter), self._wrap_hook(self._norm_exit)
         try:
-            pre = torch.nn.modules.module.register_module_forward_pre_hook(self._norm_enter)
-            self._hook_handles.append(pre)
-            post = torch.nn.modules.module.register_module_forward_hook(self._norm_exit, always_call=True)
-            self._hook_handles.append(post)
+            for module in self._norm_modules:
+                self._hook_handles.append(module.register_forward_pre_hook(enter))
+                self._hook_handles.append(module.register_forward_hook(leave, always_call=True))
         except Exception:  # older torch without always_call: name-based classification only
             for handle in self._hook_handles:
                 handle.remove()

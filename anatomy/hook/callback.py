@@ -24,8 +24,10 @@ from typing import Any
 import torch
 from transformers import TrainerCallback
 
-from anatomy.memory import detect_precision, dominant_dtype
-from anatomy.tracker import SAMPLE_EVERY, Tracker, hook_disabled, track
+from anatomy.hook.detect import detect_precision
+from anatomy.hook.schedule import SAMPLE_EVERY
+from anatomy.hook.tensors import dominant_dtype
+from anatomy.hook.tracker import Tracker, hook_disabled, track
 
 log = logging.getLogger("anatomy")
 

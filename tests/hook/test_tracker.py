@@ -12,6 +12,7 @@ import torch
 
 import anatomy
 from anatomy import protocol
+from anatomy.hook.backend import HeapBackend
 from anatomy.vocabulary import Component, OpGroup, Phase
 
 VOCAB = 2000
@@ -150,7 +151,7 @@ def test_measurement_failure_never_reaches_training(
     def broken(*args: object, **kwargs: object) -> int:
         raise RuntimeError("state walk exploded")
 
-    monkeypatch.setattr("anatomy.tracker.optimizer_state_bytes", broken)
+    monkeypatch.setattr("anatomy.hook.tracker.optimizer_state_bytes", broken)
     model = _bert(hk)
     opt = torch.optim.AdamW(model.parameters())
     with (
@@ -258,7 +259,7 @@ def test_activations_recounted_when_the_input_shape_changes(hk: SimpleNamespace)
 def test_no_memory_growth_over_steps(hk: SimpleNamespace) -> None:
     """Nothing per step is retained: the heap after 25 steps is where it was after 5 (the bounded
     snapshot history aside)."""
-    from anatomy.memory import HostHeap
+    from anatomy.hook.heap import HostHeap
 
     heap = HostHeap()
     model = _bert(hk)
@@ -296,9 +297,11 @@ def test_model_moved_after_track_is_remeasured(hk: SimpleNamespace) -> None:
     assert snap.memory[Component.GRADIENTS.value] == 8 * n
     assert snap.memory[Component.OPTIMIZER_STATES.value] == 0
     # Parameters are not activations, even though their storages changed after track().
-    from anatomy.memory import SavedTensorCounter
+    from anatomy.hook.saved import SavedTensorCounter, input_storage_keys
 
-    with SavedTensorCounter(model.parameters()) as fresh:
+    fresh = SavedTensorCounter([*model.parameters(), *model.buffers()])
+    fresh.set_inputs(input_storage_keys((), batch))  # the batch is inputs, not activations
+    with fresh:
         model(**batch).loss.backward()
     assert snap.memory[Component.ACTIVATIONS.value] == fresh.activation_bytes
 
@@ -345,7 +348,7 @@ def test_every_step_is_published_and_close_sends_the_last(hk: SimpleNamespace, r
     tracker = anatomy.track(model, opt, interval_s=60.0, sample_every=0)
     published: list[int] = []
     hk.train_steps(model, opt, 1, tracker, batch=batch)
-    pub = tracker._publisher
+    pub = tracker._channel.publisher
     assert pub is not None and tracker.socket_path is not None
     original = pub.publish
     pub.publish = lambda snap: (published.append(snap.step), original(snap))  # type: ignore[method-assign]
@@ -396,7 +399,7 @@ def test_split_at_peak_under_gradient_accumulation(hk: SimpleNamespace) -> None:
     last = history[-1]
     assert last.at_peak is not None and last.at_peak_step == 1
     assert last.peak_phase in ("forward", "backward")  # activations of 16 samples top AdamW's temporaries
-    assert last.at_peak[Component.GRADIENTS.value] == tracker._grad_bytes  # micro-batch 1's
+    assert last.at_peak[Component.GRADIENTS.value] == tracker._sums.gradients  # micro-batch 1's
     assert last.at_peak[Component.ACTIVATIONS.value] > 0.5 * (last.memory[Component.ACTIVATIONS.value] or 0)
 
 
@@ -406,7 +409,7 @@ def test_split_at_peak_on_the_wire_is_optional_and_validated() -> None:
     )
     assert protocol.decode(protocol.encode(base)) == base  # an older hook's snapshot: no split
     split = {"weights": 10, "activations": None, "temporaries": 5, "unattributed": 7}
-    snap = dataclasses.replace(base, at_peak=split, at_peak_step=2, memory_in_use=21, peak_bytes=22)
+    snap = dataclasses.replace(base, at_peak=split, at_peak_step=2, peak_bytes=22)
     assert protocol.decode(protocol.encode(snap)) == snap
     for bad in ({"weights": -1}, {"nonsense": 1}, {"weights": 1.5}):
         d = protocol.to_dict(dataclasses.replace(base, at_peak=bad))  # type: ignore[arg-type]
@@ -444,7 +447,8 @@ class _CountingHeap:
     """Wraps the tracker's HostHeap: every reading, with the step it was taken in."""
 
     def __init__(self, tracker: anatomy.Tracker) -> None:
-        self.heap = tracker._heap
+        assert isinstance(tracker._memory, HeapBackend)
+        self.heap = tracker._memory.heap
         self.tracker = tracker
         self.reads: list[tuple[int, int]] = []
 
@@ -468,7 +472,8 @@ def test_heap_is_read_on_first_steps_and_shape_changes_not_every_step(hk: Simple
     opt = torch.optim.AdamW(model.parameters())
     tracker = anatomy.track(model, opt, publish=False, sample_every=0, interval_s=3600.0)
     counting = _CountingHeap(tracker)
-    tracker._heap = counting  # type: ignore[assignment]
+    assert isinstance(tracker._memory, HeapBackend)
+    tracker._memory.heap = counting  # type: ignore[assignment]
     hk.train_steps(model, opt, 8, tracker, batch=_batch(hk))
     history = list(tracker.history)
     read_steps = sorted({step for step, _ in counting.reads})
@@ -480,7 +485,6 @@ def test_heap_is_read_on_first_steps_and_shape_changes_not_every_step(hk: Simple
     assert last.step == 7 and last.memory_source == "glibc"
     assert last.at_peak_step == 2 and last.peak_bytes == step2.peak_bytes
     assert last.memory[Component.TEMPORARIES.value] == step2.memory[Component.TEMPORARIES.value]
-    assert last.memory_in_use == readings2[-1]
     assert last.at_peak is not None and sum(v or 0 for v in last.at_peak.values()) == last.peak_bytes
     # A new input shape: that step reads the heap again and reports its own peak.
     hk.train_steps(model, opt, 1, tracker, batch=_batch(hk, batch=16))
@@ -490,3 +494,27 @@ def test_heap_is_read_on_first_steps_and_shape_changes_not_every_step(hk: Simple
     assert len(readings8) >= 3
     assert snap is not None and snap.step == 8 and snap.at_peak_step == 8
     assert snap.peak_bytes == max(readings8)
+
+
+def test_a_broken_module_of_the_package_is_not_swallowed(tmp_path: Path) -> None:
+    """Every part of the hook is imported as code, not probed: an import error inside anatomy is a bug
+    that fails loudly at set-up (before, it silently became 'advisor unavailable' at debug level)."""
+    import subprocess
+    import sys
+
+    script = """
+import sys, torch
+sys.modules["anatomy.advisor"] = None  # as if anatomy/advisor.py failed to import
+import anatomy
+try:
+    anatomy.track(torch.nn.Linear(2, 2), publish=False)
+except ImportError as exc:
+    print("ImportError", exc.name)
+else:
+    print("swallowed")
+"""
+    out = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, timeout=120, cwd=str(tmp_path)
+    )
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == "ImportError anatomy.advisor"

@@ -1,0 +1,96 @@
+"""Noticing, cheaply, that the model or the optimizer changed mid-run.
+
+A model's parameters change by assignment (an untied or resized head, a new embedding module: torch's
+parameter and module registration hooks fire, and the watch only notes whether the module is one of the
+model's), by ``.to()`` (new storages: the tracker compares one parameter's data pointer every step), or
+in ways no hook sees (the signature is compared once per publish interval). An optimizer re-created
+without telling the tracker is found at its first step (a step pre-hook for every optimizer: an identity
+check, and a one-time look at its parameters). Nothing here holds a reference that keeps a user's
+object alive.
+"""
+
+from __future__ import annotations
+
+import weakref
+from collections.abc import Callable
+from typing import Any
+
+import torch
+from torch.nn.modules.module import (
+    register_module_module_registration_hook,
+    register_module_parameter_registration_hook,
+)
+from torch.optim.optimizer import register_optimizer_step_pre_hook
+
+from anatomy.hook.tensors import unwrap_optimizer
+
+Signature = tuple[tuple[int, int, tuple[int, ...], torch.dtype, bool], ...]
+
+
+def model_signature(model: torch.nn.Module) -> Signature:
+    return tuple((id(p), p.data_ptr(), tuple(p.shape), p.dtype, p.requires_grad) for p in model.parameters())
+
+
+class ModelWatch:
+    def __init__(self, model: torch.nn.Module) -> None:
+        self._module_ids: frozenset[int] = frozenset()
+        self.signature: Signature = ()
+        self._suspect = False
+        self._handles = [
+            register_module_parameter_registration_hook(self._registered),
+            register_module_module_registration_hook(self._registered),
+        ]
+        self.remember(model)
+
+    def _registered(self, module: torch.nn.Module, name: str, value: Any) -> None:
+        if id(module) in self._module_ids:
+            self._suspect = True  # returning None: the registration goes on unchanged
+
+    def remember(self, model: torch.nn.Module) -> None:
+        self._module_ids = frozenset(id(m) for m in model.modules())
+        self.signature = model_signature(model)
+        self._suspect = False
+
+    def changed(self, model: torch.nn.Module, look: bool) -> bool:
+        """Did the model's parameters change? Walks them only after a registration on one of the
+        model's modules, or when ``look`` (once per publish interval)."""
+        if not (self._suspect or look):
+            return False
+        self._suspect = False
+        return model_signature(model) != self.signature
+
+    def close(self) -> None:
+        for h in self._handles:
+            h.remove()
+        self._handles = []
+
+
+class OptimizerWatch:
+    """Finds an optimizer over the model's parameters that steps but is not the tracked one."""
+
+    def __init__(self, adopt: Callable[[Any], None], wrap: Callable[[Any], Any]) -> None:
+        self.current: weakref.ref[Any] | None = None
+        self._param_ids: frozenset[int] = frozenset()
+        self._others: weakref.WeakSet[Any] = weakref.WeakSet()  # optimizers over other parameters
+        self._adopt = adopt
+        self._handle = register_optimizer_step_pre_hook(wrap(self._stepping))
+
+    def set_params(self, model: torch.nn.Module) -> None:
+        self._param_ids = frozenset(id(p) for p in model.parameters())
+        self._others = weakref.WeakSet()
+
+    def _stepping(self, optimizer: Any, args: Any, kwargs: Any) -> None:
+        current = self.current() if self.current is not None else None
+        if optimizer is current or optimizer in self._others:
+            return
+        opt = unwrap_optimizer(optimizer)
+        if opt is current:
+            return
+        groups = getattr(opt, "param_groups", ())
+        if any(id(p) in self._param_ids for g in groups for p in g.get("params", ())):
+            self._adopt(opt)
+        else:
+            self._others.add(optimizer)
+
+    def close(self) -> None:
+        self._handle.remove()

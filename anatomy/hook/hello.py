@@ -1,0 +1,72 @@
+"""The hello: what a monitor learns once about the process (model, device, precision, optimizer)."""
+
+from __future__ import annotations
+
+import os
+import socket
+from typing import Any
+
+import torch
+
+from anatomy.hook.detect import detect_optimizer
+from anatomy.hook.guard import Feature, Guard
+from anatomy.hook.tensors import dominant_dtype, dtype_name, parameter_count
+from anatomy.protocol import Hello
+from anatomy.vocabulary import Precision
+
+
+def env_int(name: str) -> int | None:
+    value = os.environ.get(name)
+    try:
+        return int(value) if value not in (None, "") else None
+    except ValueError:
+        return None
+
+
+def build_hello(
+    model: torch.nn.Module,
+    optimizer: Any,
+    *,
+    device: torch.device | None,
+    is_cuda: bool,
+    precision: Precision,
+    started_at: float,
+    guard: Guard,
+) -> Hello:
+    count, dtype = 0, "float32"
+    with guard(Feature.DEVICE):
+        count, dtype = parameter_count(model), dtype_name(dominant_dtype(model))
+    return Hello(
+        pid=os.getpid(),
+        host=socket.gethostname(),
+        device=str(device) if device is not None else "cpu",
+        precision=precision.value,
+        optimizer=detect_optimizer(optimizer).value,
+        model_class=type(model).__name__,
+        parameter_count=count,
+        torch_version=torch.__version__,
+        started_at=started_at,
+        rank=env_int("RANK"),
+        local_rank=env_int("LOCAL_RANK"),
+        world_size=env_int("WORLD_SIZE"),
+        dtype=dtype,
+        optimizer_class=type(optimizer).__name__ if optimizer is not None else "",
+        **_device_facts(model, device if is_cuda else None, guard),
+    )
+
+
+def _device_facts(model: torch.nn.Module, cuda_device: torch.device | None, guard: Guard) -> dict[str, Any]:
+    """The optional hello fields the advisor uses (GPU name and memory, TF32, vocabulary)."""
+    facts: dict[str, Any] = {}
+    vocab = getattr(getattr(model, "config", None), "vocab_size", None)
+    if isinstance(vocab, int) and not isinstance(vocab, bool) and vocab > 0:
+        facts["vocab_size"] = vocab
+    if cuda_device is not None and guard.ok(Feature.DEVICE):
+        with guard(Feature.DEVICE):
+            props = torch.cuda.get_device_properties(cuda_device)
+            facts["device_name"] = str(props.name)
+            facts["device_memory_bytes"] = int(props.total_memory)
+            facts["tf32"] = bool(
+                torch.backends.cuda.matmul.allow_tf32 or torch.get_float32_matmul_precision() != "highest"
+            )
+    return facts

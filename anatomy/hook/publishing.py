@@ -1,0 +1,66 @@
+"""The tracker's side of publishing: the socket opened on the first snapshot, every finished step handed
+to the publisher (latest-only, O(1)), a changed hello passed on at once, the OOM file."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from anatomy import protocol
+from anatomy.hook.guard import Feature, Guard
+from anatomy.protocol import Hello, Snapshot
+from anatomy.publisher import Publisher
+
+
+class Channel:
+    def __init__(self, guard: Guard, *, enabled: bool, interval_s: float, directory: Path | None) -> None:
+        self._guard = guard
+        self.enabled = enabled
+        self._interval_s = interval_s
+        self._directory = directory
+        self.publisher: Publisher | None = None
+        self._tried = False
+
+    @property
+    def path(self) -> Path | None:
+        return self.publisher.path if self.publisher is not None else None
+
+    def _ready(self, hello: Hello) -> Publisher | None:
+        """The publisher, started on first use (once: a socket that cannot be opened is not retried)."""
+        if self.publisher is not None or self._tried or not self.enabled:
+            return self.publisher
+        self._tried = True
+        with self._guard(Feature.PUBLISH):
+            pub = Publisher(hello, interval_s=self._interval_s, directory=self._directory)
+            if pub.start() is None:
+                self._guard.turn_off(Feature.PUBLISH, "the socket could not be opened")
+                return None
+            self.publisher = pub
+        return self.publisher
+
+    def publish(self, snap: Snapshot, hello: Hello) -> None:
+        if not self.enabled or not self._guard.ok(Feature.PUBLISH):
+            return
+        pub = self._ready(hello)
+        if pub is not None:
+            with self._guard(Feature.PUBLISH):
+                pub.publish(snap)
+
+    def set_hello(self, hello: Hello) -> None:
+        """The set-up changed: connected monitors get the new hello before the next snapshot."""
+        if self.publisher is not None:
+            with self._guard(Feature.PUBLISH):
+                self.publisher.set_hello(hello)
+
+    def write_oom(self, snap: Snapshot, hello: Hello) -> Path | None:
+        """The snapshot (``oom`` set) to the OOM file, through the publisher when there is one."""
+        pub = self._ready(hello)
+        if pub is not None:
+            return pub.write_oom(snap)
+        directory = self._directory or protocol.runtime_dir(create=True)
+        return protocol.write_oom_file(Path(directory), hello, snap)
+
+    def close(self) -> None:
+        pub, self.publisher = self.publisher, None
+        if pub is not None:
+            with self._guard(Feature.PUBLISH):
+                pub.close()

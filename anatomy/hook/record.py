@@ -1,0 +1,198 @@
+"""The typed records the parts of the hook pass between them: one step's measurements, what the named
+tensors hold at a moment, a memory reading, the last trace, and the memory figures of a finished step."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from enum import Enum
+from typing import TYPE_CHECKING
+
+from anatomy.protocol import CudaMemory
+from anatomy.vocabulary import Phase
+
+if TYPE_CHECKING:
+    from anatomy.hook.cuda import CudaStats
+    from anatomy.hook.gradients import GradientWatcher
+    from anatomy.hook.opgroups import OpGroupProfiler
+    from anatomy.hook.timing import StepClock
+    from anatomy.hook.trace import MemoryTrace
+
+
+class MemorySource(str, Enum):
+    """Where a snapshot's peak comes from (the protocol's ``memory_source``)."""
+
+    CUDA_ALLOCATOR = "cuda_allocator"
+    GLIBC = "glibc"
+    NONE = "none"
+
+
+@dataclass(frozen=True, slots=True)
+class Held:
+    """Bytes the named tensors hold at one moment of a step."""
+
+    activations: int = 0
+    weight_copies: int = 0  # autocast's low-precision copies of the weights
+    gradients: int = 0
+    optimizer_states: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class Reading:
+    """Memory in use at a phase boundary, with what the named tensors explain of its growth above the
+    step's start (``explained``) and what they hold then (``held``)."""
+
+    phase: Phase
+    in_use: int
+    explained: int
+    held: Held
+
+
+@dataclass(frozen=True, slots=True)
+class Traced:
+    """What the last per-op memory trace found; it stands for the steps until the next trace."""
+
+    step: int
+    growth: int  # the highest reading above the step's start
+    phase: Phase
+    temporaries: int  # the largest excess over the named tensors of any phase
+    held: Held  # what the named tensors held at the highest reading
+
+
+@dataclass(frozen=True, slots=True)
+class PhasePeak:
+    """A phase's peak on CUDA: exact when the process-wide peak rose during the phase (the maximum was
+    reached in it), else the higher of its boundary readings (a lower bound)."""
+
+    phase: Phase
+    value: int
+    exact: bool
+
+
+@dataclass(frozen=True, slots=True)
+class KnownGrowth:
+    """The last step peak measured exactly (a rising step, or a per-op trace): its growth above the
+    step's start, which steps with the same shapes repeat."""
+
+    step: int
+    growth: int
+    phase: Phase
+
+
+@dataclass(frozen=True, slots=True)
+class HeapHistory:
+    """The boundary readings of the last step that read the heap (CPU), for the steps that do not."""
+
+    step: int
+    start: int
+    readings: list[Reading]
+
+
+@dataclass(slots=True)
+class StepRecord:
+    """What one step has measured so far."""
+
+    index: int
+    auto: bool  # begun by a training-mode forward (no explicit step boundaries)
+    samples: int | None
+    tokens: int | None
+    clock: StepClock
+    micro: int = 0  # forwards (micro-batches) seen
+    samples_seen: int = 0
+    tokens_seen: int = 0
+    activations: int | None = None  # the largest micro-batch's saved bytes, when counted this step
+    weight_copies: int = 0
+    inputs: int = 0  # pre-existing storages saved for backward (the largest micro-batch's)
+    window: bool = False  # this micro-batch's saved tensors are being counted
+    grads_begin: int = 0
+    opt_begin: int = 0
+    grads: int | None = None  # gradients once complete (before the optimizer)
+    opt_after: int | None = None  # optimizer states after the optimizer step
+    # CPU heap
+    heap_start: int | None = None
+    heap_on: bool = True  # read the heap at this step's boundaries; else the last readings stand
+    heap_from: int | None = None  # the step whose heap readings this one reports
+    readings: list[Reading] = field(default_factory=list)
+    # CUDA allocator: boundary readings, and the process-wide peak seen so far
+    cuda_start: int | None = None
+    cuda_phase: Phase = Phase.OTHER
+    cuda_phase_start: int = 0  # allocated when the current phase began
+    cuda_high: int = 0  # the process-wide peak at the last reading
+    cuda_peaks: list[PhasePeak] = field(default_factory=list)
+    cuda_end: CudaStats | None = None
+    # sampled steps
+    profiler: OpGroupProfiler | None = None
+    trace: MemoryTrace | None = None
+    grad_watch: GradientWatcher | None = None
+    profiled: bool = False
+    # hook state
+    in_forward: int = 0
+    counting: bool = False
+    optimizer_ran: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class StepParts:
+    """Bytes of the named tensors of a finished step (the last counts where this step did not count)."""
+
+    activations: int
+    weight_copies: int
+    gradients: int
+    optimizer_states: int
+    new_gradients: int  # gradients made in this step
+    new_states: int  # optimizer states made in this step
+    at_start: int  # weights + optimizer states + gradients at the step's start
+    activations_known: bool
+    inputs: int = 0  # pre-existing storages saved for backward
+
+
+@dataclass(frozen=True, slots=True)
+class MemoryResult:
+    """The memory figures of one finished step, ready for a snapshot."""
+
+    step: int
+    memory: dict[str, int | None]
+    peak: int | None = None
+    phase: Phase | None = None
+    source: MemorySource = MemorySource.NONE
+    cuda: CudaMemory | None = None
+    micro: int = 0
+    batch: int | None = None
+    at_peak: dict[str, int | None] | None = None
+    at_peak_step: int | None = None
+
+
+@dataclass(slots=True)
+class Sums:
+    """The last exact sums over the model's and optimizer's tensors, and the last activation count."""
+
+    weights: int = 0
+    weights_by_dtype: dict[str, int] = field(default_factory=dict)
+    gradients: int = 0
+    optimizer_states: int = 0
+    activations: int | None = None  # None until a forward was counted
+    weight_copies: int = 0
+    inputs: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class Preexisting:
+    """What was in use at the step's start besides weights, optimizer states and gradients, divided:
+    inputs saved for backward, the runtime baseline (CPU), and what nothing explains."""
+
+    inputs: int = 0
+    runtime: int = 0
+    unattributed: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class PeakSplit:
+    """A step's peak as a memory backend finds it, before it is split among the components."""
+
+    peak: int
+    phase: Phase
+    temporaries: int
+    preexisting: int | None  # in use at the step's start beyond weights, optimizer states, gradients
+    held: Held  # what the named tensors held at the peak
+    at_peak_step: int  # the step whose split (trace or boundary readings) this is
+    allocator_cache: int | None = None
+    cuda: CudaMemory | None = None

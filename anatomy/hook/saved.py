@@ -1,0 +1,312 @@
+"""Activations: the storages autograd saves for backward, seen through ``saved_tensors_hooks``.
+
+The counter composes with whatever pack/unpack pair is active when it starts (the user's own hooks,
+``torch.autograd.graph.save_on_cpu()``, a library that offloads or compresses saved tensors): torch
+calls only the innermost pair, so the counter's pack calls the user's pack and counts what it returns,
+and its unpack calls the user's unpack. The user's hooks see exactly the calls they would see without
+the counter. A pair that AOTAutograd inlines into compiled graphs (fx GraphModules) is left alone: that
+forward is not counted.
+
+Storages are classified once each: parameters and buffers are weights (skipped), autocast's
+low-precision copies of parameters are weight copies, storages that existed before the step (the
+forward's inputs, and integer views sliced from a larger tensor: token ids or labels cut from a
+dataset) are inputs, the rest activations. Nothing is counted while backward runs (a reentrant
+checkpoint's recomputation is not what the step holds between forward and backward).
+"""
+
+from __future__ import annotations
+
+import functools
+import threading
+import weakref
+from collections.abc import Callable, Iterable, Mapping
+from typing import Any
+
+import torch
+
+from anatomy.hook.tensors import storage_key
+
+_PackPair = tuple[Callable[[torch.Tensor], Any], Callable[[Any], torch.Tensor]]
+_ACTIVATION, _COPY, _INPUT = 0, 1, 2
+
+
+def _in_backward() -> bool:
+    return torch._C._current_graph_task_id() != -1
+
+
+def _tensors_in(packed: Any) -> Iterable[torch.Tensor]:
+    """The tensors a pack hook returned: the tensor itself, or those in a tuple/list (``save_on_cpu``
+    returns ``(device, tensor)``). Anything else (a handle to disk, a compressed blob) holds no tensor
+    memory the tracker can name."""
+    if isinstance(packed, torch.Tensor):
+        return (packed,)
+    if isinstance(packed, (tuple, list)):
+        return [x for x in packed if isinstance(x, torch.Tensor)]
+    return ()
+
+
+def input_storage_keys(args: tuple[Any, ...], kwargs: Mapping[str, Any]) -> frozenset[int]:
+    """Storages of the tensors a forward was called with (one level into lists, tuples and dicts)."""
+    keys: set[int] = set()
+    for value in (*args, *kwargs.values()):
+        if isinstance(value, Mapping):
+            items: Iterable[Any] = value.values()
+        elif isinstance(value, (list, tuple)):
+            items = value
+        else:
+            items = (value,)
+        for item in items:
+            if isinstance(item, torch.Tensor) and item.layout is torch.strided:
+                keys.add(storage_key(item))
+    return frozenset(keys)
+
+
+def _is_sliced_integer_view(t: torch.Tensor) -> bool:
+    """Token ids or labels cut from a larger tensor that existed before the step (``tokens[i:i+n]``):
+    an integer view with no autograd history whose storage is at least twice what it spans."""
+    if t._base is None or t.requires_grad or t.is_floating_point() or t.is_complex() or t.dtype is torch.bool:
+        return False
+    return t.untyped_storage().nbytes() >= 2 * t.numel() * t.element_size()
+
+
+class _Packed:
+    """What autograd keeps instead of a user's packed object that cannot be weakly referenced (a tuple),
+    on a traced step only: its death tells that backward freed the saved tensor."""
+
+    __slots__ = ("__weakref__", "inner")
+
+    def __init__(self, inner: Any) -> None:
+        self.inner = inner
+
+
+class SavedTensorCounter:
+    """Counts the storages autograd saves for backward while started (``start()``/``stop()``, or use as
+    a context manager). Each storage counts once, by kind: ``activation_bytes``, ``weight_copy_bytes``,
+    ``input_bytes``. ``device``: count only storages on this device (None: all)."""
+
+    def __init__(self, weights: Iterable[torch.Tensor] = ()) -> None:
+        self._weight_keys: frozenset[int] = frozenset()
+        self.set_params(weights)
+        self._input_keys: frozenset[int] = frozenset()
+        self.device: torch.device | None = None
+        self._kind: dict[int, int] = {}  # storage key -> kind, for every storage seen since reset
+        self._bytes = [0, 0, 0]  # by kind
+        self.weight_copy_dtype: torch.dtype | None = None
+        self.uncounted = 0
+        self.counting = False
+        self._pushed: _PackPair | None = None  # our pair, while on torch's stack
+        self._open = False  # may stay pushed after the forward (no user pair below ours)
+        # Off except on the sampled step that traces memory per op (a weak reference per saved tensor).
+        self.track_alive = False
+        self.alive_activation_bytes = 0
+        self.alive_copy_bytes = 0
+        self._alive: dict[int, list[int]] = {}  # storage key -> [live saved tensors, bytes, kind]
+        # keyed by id: a set compares weak references by their referents and merges two refs of one tensor
+        self._refs: dict[int, weakref.ref[Any]] = {}
+        self._alive_lock = threading.Lock()
+
+    def set_params(self, weights: Iterable[torch.Tensor]) -> None:
+        """The weight storages (parameters and buffers): never activations."""
+        self._weight_keys = frozenset(storage_key(p) for p in weights)
+
+    def set_inputs(self, keys: frozenset[int]) -> None:
+        """Storages of the forward's inputs: they existed before the step."""
+        self._input_keys = keys
+
+    @property
+    def active(self) -> bool:
+        """Our pair is on torch's stack (counting or not)."""
+        return self._pushed is not None
+
+    @property
+    def activation_bytes(self) -> int:
+        return self._bytes[_ACTIVATION]
+
+    @property
+    def weight_copy_bytes(self) -> int:
+        return self._bytes[_COPY]
+
+    @property
+    def input_bytes(self) -> int:
+        return self._bytes[_INPUT]
+
+    def reset(self) -> None:
+        self._kind = {}
+        self._bytes = [0, 0, 0]
+
+    # -- torch's side -----------------------------------------------------------------------------
+
+    def _pair(self, user: _PackPair | None) -> _PackPair:
+        if user is None:
+
+            def pack(t: torch.Tensor) -> Any:
+                return self._observe(t, t) if self.counting else t
+
+            def unpack(packed: Any) -> torch.Tensor:
+                return packed  # type: ignore[no-any-return]
+
+            return pack, unpack
+        user_pack, user_unpack = user
+
+        def pack_composed(t: torch.Tensor) -> Any:
+            packed = user_pack(t)
+            return self._observe(t, packed) if self.counting else packed
+
+        def unpack_composed(packed: Any) -> torch.Tensor:
+            return user_unpack(packed.inner if type(packed) is _Packed else packed)
+
+        return pack_composed, unpack_composed
+
+    def _observe(self, t: torch.Tensor, packed: Any) -> Any:
+        """Count what ``packed`` (what autograd will keep for ``t``) holds; return what autograd keeps."""
+        # Runs inside the user's forward, once per saved tensor: nothing may escape from here, and the
+        # common case (the tensor itself, its storage already seen) costs a few attribute reads.
+        try:
+            if packed is t:
+                storage = t.untyped_storage()
+                key = storage.data_ptr() or -id(t)
+                if key in self._weight_keys:
+                    return packed
+                known = self._kind.get(key)
+                if known is None:
+                    if _in_backward():
+                        return packed
+                    known = self._first_seen(t, key, storage.nbytes(), self._classify(t, key))
+                if self.track_alive and known != _INPUT:
+                    return self._watch(packed, key, known, storage.nbytes())
+                return packed
+            return self._observe_packed(t, packed)
+        except Exception:  # sparse/nested tensors have no single storage: not counted
+            self.uncounted += 1
+            return packed
+
+    def _observe_packed(self, t: torch.Tensor, packed: Any) -> Any:
+        """A user's pack returned something else: count the tensors in it that stay on the device."""
+        if storage_key(t) in self._weight_keys or _in_backward():
+            return packed
+        kind = self._classify(t, storage_key(t))
+        kept = packed
+        for p in _tensors_in(packed):
+            if self.device is not None and p.device != self.device:
+                continue  # moved off the device (offloaded): not memory of this device
+            storage = p.untyped_storage()
+            key = storage.data_ptr() or -id(p)
+            known = self._kind.get(key)
+            if known is None:
+                known = self._first_seen(t, key, storage.nbytes(), kind)
+            if self.track_alive and known != _INPUT:
+                kept = self._watch(kept, key, known, storage.nbytes())
+        return kept
+
+    def _first_seen(self, t: torch.Tensor, key: int, nbytes: int, kind: int) -> int:
+        self._kind[key] = kind
+        self._bytes[kind] += nbytes
+        if kind == _COPY:
+            self.weight_copy_dtype = t.dtype
+        return kind
+
+    def _classify(self, t: torch.Tensor, key: int) -> int:
+        if key in self._input_keys or _is_sliced_integer_view(t):
+            return _INPUT
+        return _COPY if self._is_weight_copy(t) else _ACTIVATION
+
+    @staticmethod
+    def _is_weight_copy(t: torch.Tensor) -> bool:
+        # autocast's cast of a parameter: a tensor (or a view of one: ``_base`` is the root) made by
+        # ToCopyBackward0 straight from the parameter's AccumulateGrad. Only ToCopy outputs are
+        # looked at further, so the common case costs two attribute reads.
+        base = t._base if t._base is not None else t
+        fn = base.grad_fn
+        if fn is not None and type(fn).__name__ == "ToCopyBackward0":
+            parents = fn.next_functions
+            src = parents[0][0] if parents else None
+            return src is not None and type(src).__name__ == "AccumulateGrad"
+        return False
+
+    # -- what is alive now (traced steps only) ----------------------------------------------------
+    # Autograd keeps the packed object until backward frees that saved tensor, so a weak reference to
+    # it tells when: per storage, a count of live saved tensors gives the bytes of activations still
+    # held at any moment, in O(1) per read.
+
+    def _watch(self, kept: Any, key: int, kind: int, nbytes: int) -> Any:
+        try:
+            ref = weakref.ref(kept, functools.partial(self._release, key))
+        except TypeError:  # a user's tuple: autograd keeps our wrapper instead, unwrapped in unpack
+            kept = _Packed(kept)
+            ref = weakref.ref(kept, functools.partial(self._release, key))
+        with self._alive_lock:
+            entry = self._alive.get(key)
+            if entry is None:
+                entry = self._alive[key] = [0, nbytes, kind]
+                if kind == _COPY:
+                    self.alive_copy_bytes += nbytes
+                else:
+                    self.alive_activation_bytes += nbytes
+            entry[0] += 1
+        self._refs[id(ref)] = ref
+        return kept
+
+    def _release(self, key: int, ref: weakref.ref[Any]) -> None:
+        # May run on autograd's device thread (CUDA backward): hence the lock.
+        with self._alive_lock:
+            self._refs.pop(id(ref), None)
+            entry = self._alive.get(key)
+            if entry is None:
+                return
+            entry[0] -= 1
+            if entry[0] <= 0:
+                del self._alive[key]
+                if entry[2] == _COPY:
+                    self.alive_copy_bytes -= entry[1]
+                else:
+                    self.alive_activation_bytes -= entry[1]
+
+    # -- the window -------------------------------------------------------------------------------
+
+    def start(self, keep_open: bool = False) -> bool:
+        """Push a pair composed with the active one and count from here. ``keep_open``: the window may
+        outlive the forward that starts it (see ``end_forward``). Returns False (nothing counted) when the
+        active pair is one compiled graphs inline, or ours is buried under a pair pushed since."""
+        if self._pushed is not None:  # the window of an earlier forward of this step, still open
+            if not self._on_top():
+                return False  # under a pair pushed since: torch would not call ours
+            self.counting = True
+            return True
+        user = torch._C._autograd._top_saved_tensors_default_hooks(True)
+        if user is not None and all(isinstance(h, torch.fx.GraphModule) for h in user):
+            return False
+        pair = self._pair(user)
+        torch._C._autograd._push_saved_tensors_default_hooks(*pair)
+        self._pushed = pair
+        self._open = keep_open and user is None
+        self.counting = True
+        return True
+
+    def end_forward(self) -> None:
+        """The forward that started the window returns. With no user pair below ours, the window stays
+        open until ``stop()`` (the loss computed after the model is saved there too: the step's next
+        boundary closes it); otherwise ours leaves now, while it is sure to be on top."""
+        if not self._open or not self._on_top():
+            self.stop()
+
+    def _on_top(self) -> bool:
+        pushed = self._pushed
+        top = torch._C._autograd._top_saved_tensors_default_hooks(True)
+        return pushed is not None and top is not None and top[0] is pushed[0]
+
+    def stop(self) -> None:
+        """Stop counting and take our pair off torch's stack — only while it is on top: a pair the user
+        pushed later (still open) stays above ours untouched, and ours leaves at a later ``stop()``."""
+        self.counting = False
+        if self._pushed is not None and self._on_top():
+            torch._C._autograd._pop_saved_tensors_default_hooks()
+            self._pushed = None
+            self._open = False
+
+    def __enter__(self) -> SavedTensorCounter:
+        self.reset()
+        self.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()

@@ -1,0 +1,88 @@
+"""When each measurement runs. Every step is cheap; the costly parts run on some steps only:
+
+- weights, gradients and optimizer states are re-summed on the first ``WARMUP_REFRESH_STEPS`` steps
+  and then once every ``sample_every`` steps (and when the tracker sees the model or optimizer change);
+- saved tensors are counted on the first steps, whenever the input shape changes, and otherwise about
+  once per publish interval (packing costs a few microseconds per saved tensor);
+- on CPU the heap is read at the phase boundaries (``mallinfo2`` walks the arenas: ~0.1 ms a read) on
+  the first steps, sampled steps, after a shape change and about once per publish interval;
+- the op-group profiler runs on sampled steps (the second step, then one in ``sample_every``), the
+  per-op memory trace on the first sampled step, after a shape change and on one sampled step in
+  ``TRACE_EVERY``.
+
+"About once per publish interval" is counted in steps of the run's median duration, so time spent
+outside steps (evaluation, checkpointing) does not make the per-interval work more frequent.
+"""
+
+from __future__ import annotations
+
+import statistics
+from collections import deque
+
+SAMPLE_EVERY = 100  # the op-group profiler runs on one step in this many (after the second step)
+TRACE_EVERY = 5  # the per-op memory trace runs on one sampled step in this many
+WARMUP_REFRESH_STEPS = 3  # weights/gradients/optimizer states re-summed on every one of the first steps
+
+
+class Schedule:
+    """Decides, per step, which measurements are due; remembers when each last ran."""
+
+    def __init__(self, sample_every: int, interval_s: float) -> None:
+        self.sample_every = int(sample_every)
+        self.interval_s = float(interval_s)
+        self._recent_step_s: deque[float] = deque(maxlen=9)  # unprofiled steps' durations
+        self.median_step_s = 0.0
+        self._per_interval = 1
+        self.input_shape: tuple[int, ...] | None = None  # of the last counted forward
+        self.counted_step = -1  # the last step whose saved tensors were counted
+        self.heap_step: int | None = None  # the last step that read the heap
+        self.retrace = False  # the shapes changed since the last trace
+
+    def refresh_due(self, index: int) -> bool:
+        return index < WARMUP_REFRESH_STEPS or (self.sample_every > 0 and index % self.sample_every == 0)
+
+    def note_step_s(self, step_s: float) -> None:
+        """An unprofiled step's duration (the median of the last few sets the pace of the schedule)."""
+        self._recent_step_s.append(step_s)
+        self.median_step_s = statistics.median(self._recent_step_s)
+        median = self.median_step_s
+        self._per_interval = max(1, int(self.interval_s / median)) if median > 0 else 1
+
+    def steps_per_interval(self) -> int:
+        return self._per_interval
+
+    def heap_due(self, index: int) -> bool:
+        """Read the heap at this step's boundaries (CPU)? In steady state each step's readings repeat
+        the last ones; a shape change found at the forward turns reading on there."""
+        if self.heap_step is None or index < WARMUP_REFRESH_STEPS:
+            return True
+        if self.sample_due(index) or self.refresh_due(index):
+            return True
+        return index - self.heap_step >= self.steps_per_interval()
+
+    def sample_due(self, index: int) -> bool:
+        # Never the first (warm-up) step; then the second one, so short runs see op groups too.
+        if self.sample_every <= 0 or index == 0:
+            return False
+        return index == 1 or index % self.sample_every == 0
+
+    def trace_due(self, index: int, have_trace: bool) -> bool:
+        """The per-op trace costs about as much as the op-group profiler; the peak it finds changes
+        only with the shapes."""
+        if not have_trace or self.retrace:
+            return True
+        return index % (self.sample_every * TRACE_EVERY) == 0
+
+    def count_due(self, index: int, shape: tuple[int, ...] | None, already: bool) -> bool:
+        """Count saved tensors on this forward? ``already``: this step counts anyway (a trace, or an
+        earlier micro-batch). A new shape also makes the next sampled step trace again."""
+        first_steps = index < WARMUP_REFRESH_STEPS
+        if already or first_steps or shape != self.input_shape:
+            due = True
+        else:
+            due = index - self.counted_step >= self.steps_per_interval()
+        if due:
+            if shape != self.input_shape and not first_steps:
+                self.retrace = True
+            self.input_shape = shape
+        return due

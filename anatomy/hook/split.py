@@ -1,0 +1,149 @@
+"""The arithmetic of a step's anatomy: what the named tensors explain of a phase's growth, what they hold
+at a phase's peak, and the split of the peak into components that sums to the peak exactly."""
+
+from __future__ import annotations
+
+import logging
+
+from anatomy.hook.record import Held, Preexisting, StepParts, StepRecord, Sums, Traced
+from anatomy.hook.trace import MemoryTrace
+from anatomy.vocabulary import Component, Phase
+
+log = logging.getLogger("anatomy")
+
+
+def step_parts(rec: StepRecord, sums: Sums) -> StepParts:
+    """Bytes of the named tensors of a step (the last counts where this step did not count)."""
+    counted = rec.activations is not None
+    acts = rec.activations if counted else sums.activations
+    copies = rec.weight_copies if counted else sums.weight_copies
+    grads = rec.grads if rec.grads is not None else sums.gradients
+    opt = rec.opt_after if rec.opt_after is not None else sums.optimizer_states
+    return StepParts(
+        activations=acts or 0,
+        weight_copies=copies,
+        gradients=grads,
+        optimizer_states=opt,
+        new_gradients=max(grads - rec.grads_begin, 0),
+        new_states=max(opt - rec.opt_begin, 0),
+        at_start=sums.weights + rec.opt_begin + rec.grads_begin,
+        activations_known=acts is not None,
+        inputs=rec.inputs if counted else sums.inputs,
+    )
+
+
+def divide_preexisting(preexisting: int, inputs: int, runtime: int | None) -> Preexisting:
+    """Split what was in use at the step's start (beyond weights, states, gradients): the inputs first
+    (they are named tensors), then the runtime baseline, and the rest is unattributed."""
+    pre = max(preexisting, 0)
+    inputs_part = min(max(inputs, 0), pre)
+    runtime_part = min(max(runtime or 0, 0), pre - inputs_part)
+    return Preexisting(inputs_part, runtime_part, pre - inputs_part - runtime_part)
+
+
+def explained(rec: StepRecord, phase: Phase, parts: StepParts) -> int:
+    """What named tensors account for of a phase's peak growth above the step's start. In backward,
+    activations are freed as gradients appear: the larger of the two is held."""
+    held = parts.activations + parts.weight_copies
+    if phase is Phase.FORWARD:
+        return held + (parts.new_gradients if rec.micro > 1 else 0)
+    if phase is Phase.BACKWARD:
+        return max(held, parts.new_gradients)
+    # The optimizer phase, and after it (zero_grad, the step's end): gradients and new states.
+    return parts.new_gradients + parts.new_states
+
+
+def explained_after_optimizer(rec: StepRecord) -> int:
+    grads = max((rec.grads or 0) - rec.grads_begin, 0)
+    states = max((rec.opt_after if rec.opt_after is not None else rec.opt_begin) - rec.opt_begin, 0)
+    return grads + states
+
+
+def held_after_optimizer(rec: StepRecord, sums: Sums) -> Held:
+    """Held after the optimizer (or at a step's end without one): gradients and states, no activations."""
+    grads = rec.grads if rec.grads is not None else sums.gradients
+    opt = rec.opt_after if rec.opt_after is not None else sums.optimizer_states
+    return Held(gradients=grads, optimizer_states=opt)
+
+
+def held_in_phase(rec: StepRecord, phase: Phase, parts: StepParts) -> Held:
+    """Without a per-op trace: what is held at a phase's peak. In forward and early backward (where a
+    backward peak lies: the activations not yet freed, the first gradients being made) the activations
+    are all held; after backward, gradients and the optimizer's states."""
+    if phase in (Phase.FORWARD, Phase.BACKWARD):
+        earlier = parts.new_gradients if rec.micro > 1 else 0
+        return Held(parts.activations, parts.weight_copies, rec.grads_begin + earlier, rec.opt_begin)
+    return Held(gradients=parts.gradients, optimizer_states=parts.optimizer_states)
+
+
+def traced_split(
+    rec: StepRecord, trace: MemoryTrace, start: int, parts: StepParts, opt_now: int
+) -> Traced | None:
+    """What a finished per-op trace says about its step: the highest phase, its temporaries and the
+    named tensors held at that moment. None when the trace saw nothing usable."""
+    if trace.failed or not trace.peaks:
+        return None
+    growth = [(ph, peak - start) for ph, peak in trace.peaks.items()]
+    phase, top = max(growth, key=lambda g: g[1])
+    temporaries = max(max(g - explained(rec, ph, parts) for ph, g in growth), 0)
+    moment = trace.moments[phase].held
+    in_step = phase in (Phase.FORWARD, Phase.BACKWARD)
+    opt = rec.opt_begin if in_step else (rec.opt_after if rec.opt_after is not None else opt_now)
+    held = Held(moment.activations, moment.weight_copies, moment.gradients, opt)
+    return Traced(rec.index, max(top, 0), phase, temporaries, held)
+
+
+_BALANCE_ORDER = (
+    Component.UNATTRIBUTED.value,
+    Component.RUNTIME.value,
+    Component.INPUTS.value,
+    Component.ACTIVATIONS.value,
+    Component.GRADIENTS.value,
+    Component.OPTIMIZER_STATES.value,
+    Component.WEIGHTS.value,
+)
+
+
+class PeakSplitter:
+    """Splits a peak into what each component held at its moment, summing to the peak."""
+
+    def __init__(self) -> None:
+        self._balance_logged = False
+
+    def split(
+        self, peak: int, weights: int, held: Held, pre: Preexisting, runtime: bool = False
+    ) -> dict[str, int | None]:
+        """What was in use at the step's start beyond weights, optimizer states and gradients (inputs,
+        the runtime baseline, unattributed) is constant through the step; temporaries are the rest of
+        the peak. If the named tensors and the rest exceed the peak (a trace from an earlier step,
+        gradients freed before the reading), temporaries are 0 and the excess comes off unattributed
+        first, so the sum holds. ``runtime``: the split has a runtime row (CPU)."""
+        out: dict[str, int] = {
+            Component.WEIGHTS.value: weights + held.weight_copies,
+            Component.OPTIMIZER_STATES.value: held.optimizer_states,
+            Component.GRADIENTS.value: held.gradients,
+            Component.ACTIVATIONS.value: held.activations,
+            Component.UNATTRIBUTED.value: pre.unattributed,
+        }
+        if pre.inputs:
+            out[Component.INPUTS.value] = pre.inputs
+        if runtime:
+            out[Component.RUNTIME.value] = pre.runtime
+        rest = peak - sum(out.values())
+        if rest < 0:
+            excess = -rest
+            if not self._balance_logged:
+                self._balance_logged = True
+                log.info(
+                    "anatomy: the named tensors exceed the step's peak by %d bytes; taken off unattributed",
+                    excess,
+                )
+            for key in _BALANCE_ORDER:
+                if key not in out:
+                    continue
+                take = min(excess, out[key])
+                out[key] -= take
+                excess -= take
+            rest = 0
+        out[Component.TEMPORARIES.value] = rest
+        return dict(out)

@@ -1,0 +1,126 @@
+"""Exact tensor sums: weights, gradients and optimizer states from tensor metadata.
+
+Storage bytes, each storage counted once (tied embeddings count once; a view counts its whole storage).
+These walk every parameter or state tensor, so the tracker calls them on the first steps, on sampled
+steps and when it sees the model or optimizer change — not on every step.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Iterator
+from typing import Any
+
+import torch
+
+
+def storage_key(t: torch.Tensor) -> int:
+    """Identity of a tensor's storage: its data pointer (unique across CPU and CUDA under UVA).
+    Tensors without data (meta, fake) have pointer 0; they are keyed by object identity instead."""
+    ptr = t.untyped_storage().data_ptr()
+    return ptr if ptr else -id(t)
+
+
+def storage_bytes(t: torch.Tensor) -> int:
+    return int(t.untyped_storage().nbytes())
+
+
+def dtype_name(dtype: torch.dtype) -> str:
+    return str(dtype).removeprefix("torch.")
+
+
+def unwrap_optimizer(optimizer: Any) -> Any:
+    """The torch optimizer inside wrappers (accelerate's AcceleratedOptimizer, Lightning's, ...)."""
+    # AcceleratedOptimizer subclasses torch's Optimizer itself, so descend while there is an inner one.
+    for _ in range(5):
+        inner = getattr(optimizer, "optimizer", None)
+        if inner is None:
+            inner = getattr(optimizer, "_optimizer", None)
+        if inner is None or inner is optimizer or not hasattr(inner, "param_groups"):
+            break
+        optimizer = inner
+    return optimizer
+
+
+def parameters_of(model_or_params: Any) -> list[torch.Tensor]:
+    if isinstance(model_or_params, torch.nn.Module):
+        return list(model_or_params.parameters())
+    return [p for p in model_or_params if isinstance(p, torch.Tensor)]
+
+
+def parameter_count(model: torch.nn.Module) -> int:
+    # parameters() yields a shared (tied) Parameter once, so this counts tied embeddings once.
+    return sum(p.numel() for p in model.parameters())
+
+
+def weight_bytes(model: torch.nn.Module) -> dict[str, int]:
+    """dtype name -> bytes of parameters and buffers, each storage counted once."""
+    seen: set[int] = set()
+    out: dict[str, int] = {}
+    for t in _chain(model.parameters(), model.buffers()):
+        key = storage_key(t)
+        if key in seen:
+            continue
+        seen.add(key)
+        name = dtype_name(t.dtype)
+        out[name] = out.get(name, 0) + storage_bytes(t)
+    return out
+
+
+def _chain(*its: Iterable[torch.Tensor]) -> Iterator[torch.Tensor]:
+    for it in its:
+        yield from it
+
+
+def gradient_bytes(model_or_params: Any) -> int:
+    """Bytes of the ``.grad`` tensors present now, each storage counted once."""
+    seen: set[int] = set()
+    total = 0
+    for p in parameters_of(model_or_params):
+        g = p.grad
+        if g is None:
+            continue
+        key = storage_key(g)
+        if key not in seen:
+            seen.add(key)
+            total += storage_bytes(g)
+    return total
+
+
+def _state_tensors(value: Any, depth: int = 0) -> Iterator[torch.Tensor]:
+    if isinstance(value, torch.Tensor):
+        yield value
+    elif depth < 4 and isinstance(value, dict):
+        for v in value.values():
+            yield from _state_tensors(v, depth + 1)
+    elif depth < 4 and isinstance(value, (list, tuple)):
+        for v in value:
+            yield from _state_tensors(v, depth + 1)
+
+
+def optimizer_state_bytes(optimizer: Any) -> int:
+    """Bytes of every tensor in ``optimizer.state`` (moments, momentum buffers, factored second
+    moments, 8-bit states and their scales, step counters), each storage counted once."""
+    opt = unwrap_optimizer(optimizer)
+    state = getattr(opt, "state", None)
+    if not state:
+        return 0
+    seen: set[int] = set()
+    total = 0
+    for per_param in list(state.values()):
+        for t in _state_tensors(per_param):
+            key = storage_key(t)
+            if key not in seen:
+                seen.add(key)
+                total += storage_bytes(t)
+    return total
+
+
+def dominant_dtype(model: torch.nn.Module) -> torch.dtype:
+    """The floating dtype holding most parameter bytes (float32 when there are none)."""
+    by_dtype: dict[torch.dtype, int] = {}
+    for p in model.parameters():
+        if p.is_floating_point():
+            by_dtype[p.dtype] = by_dtype.get(p.dtype, 0) + p.numel() * p.element_size()
+    if not by_dtype:
+        return torch.float32
+    return max(by_dtype.items(), key=lambda kv: kv[1])[0]

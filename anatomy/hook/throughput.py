@@ -1,0 +1,127 @@
+"""Step times and op groups, resolved once they can be read without waiting.
+
+A step's clock (CUDA events, or host times) and a sampled step's op-group profile are queued at the step's
+end and turned into numbers on a later step, when the device has caught up — never by synchronizing.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+
+from anatomy.hook.guard import Feature, Guard
+from anatomy.hook.opgroups import OpGroupProfiler
+from anatomy.hook.record import StepRecord
+from anatomy.hook.schedule import Schedule
+from anatomy.hook.timing import StepClock, StepDurations
+from anatomy.peaks import peak_flops
+from anatomy.protocol import OpGroupStat, Timing
+from anatomy.vocabulary import Precision
+
+
+class Throughput:
+    """The latest resolved step times, op groups and FLOP rate."""
+
+    def __init__(self, guard: Guard, schedule: Schedule, samples: int | None, tokens: int | None) -> None:
+        self._guard = guard
+        self._schedule = schedule
+        self.default_samples = samples
+        self.default_tokens = tokens
+        self._pending_clocks: deque[tuple[StepRecord, StepClock]] = deque()
+        self._ready: tuple[StepRecord, StepClock] | None = None  # the newest resolved clock
+        self._pending_profile: tuple[int, OpGroupProfiler] | None = None
+        self.timing = Timing()
+        self.timing_step: int | None = None
+        self.op_groups: dict[str, OpGroupStat] | None = None
+        self.op_groups_step: int | None = None
+        self.step_flops: float | None = None
+
+    @property
+    def pending(self) -> int:
+        return len(self._pending_clocks)
+
+    def step_finished(self, rec: StepRecord) -> None:
+        if self._guard.ok(Feature.TIMING):
+            self._pending_clocks.append((rec, rec.clock))
+
+    def profile_finished(self, index: int, profiler: OpGroupProfiler) -> None:
+        self._pending_profile = (index, profiler)
+
+    def resolve(self) -> None:
+        """Turn every clock and profile that completed into numbers (never waits)."""
+        with self._guard(Feature.TIMING):
+            self._resolve_clocks()
+        if not self._guard.ok(Feature.TIMING):
+            self._pending_clocks.clear()  # a device error: no clock of this run is to be trusted
+        pending = self._pending_profile
+        if pending is None:
+            return
+        index, prof = pending
+        result = None
+        with self._guard(Feature.OP_GROUPS):
+            result = prof.result()
+        if not self._guard.ok(Feature.OP_GROUPS):
+            self._pending_profile = None
+            return
+        if result is not None:
+            self._pending_profile = None
+            self.op_groups = {g.value: stat for g, stat in result.items()}
+            self.op_groups_step = index
+            self.step_flops = float(prof.total_flops) if prof.total_flops else None
+
+    def _resolve_clocks(self) -> None:
+        clocks = self._pending_clocks
+        while clocks:
+            rec, clock = clocks[0]
+            step_s = clock.span() if clock.ready() else None
+            if step_s is None:
+                if len(clocks) > 64:  # a stream that never completes: drop the oldest
+                    clocks.popleft()
+                    continue
+                break
+            clocks.popleft()
+            self._ready = (rec, clock)
+            if not rec.profiled and rec.index > 0 and step_s > 0:
+                self._schedule.note_step_s(step_s)
+
+    def update_timing(self) -> None:
+        """The newest resolved step's durations into ``timing`` (when a snapshot is built)."""
+        ready, self._ready = self._ready, None
+        if ready is None:
+            return
+        rec, clock = ready
+        durations = clock.durations()
+        if durations is not None:
+            self._set_timing(rec, durations)
+
+    def _set_timing(self, rec: StepRecord, d: StepDurations) -> None:
+        samples = rec.samples if rec.samples is not None else self.default_samples
+        if samples is None and rec.samples_seen:
+            samples = rec.samples_seen
+        tokens = rec.tokens if rec.tokens is not None else self.default_tokens
+        if tokens is None and rec.tokens_seen:
+            tokens = rec.tokens_seen
+        step_s = d.step_s
+        self.timing = Timing(
+            step_s=step_s,
+            forward_s=d.forward_s,
+            backward_s=d.backward_s,
+            optimizer_s=d.optimizer_s,
+            samples_per_s=samples / step_s if samples and step_s > 0 else None,
+            tokens_per_s=tokens / step_s if tokens and step_s > 0 else None,
+        )
+        self.timing_step = rec.index
+
+    def rates(
+        self, device_name: str | None, precision: Precision, tf32: bool
+    ) -> tuple[float | None, float | None]:
+        """Achieved TFLOP/s (the sampled step's FLOPs over the median step time) and MFU, where the
+        device's peak is known (``device_name``: a GPU's NVML name; None on CPU)."""
+        step_s = self._schedule.median_step_s
+        if not self.step_flops or step_s <= 0:
+            return None, None
+        achieved = self.step_flops / step_s
+        mfu = None
+        if device_name is not None and self._guard.ok(Feature.MFU):
+            peak = peak_flops(device_name, precision, tf32=tf32)
+            mfu = achieved / peak if peak else None
+        return achieved / 1e12, mfu

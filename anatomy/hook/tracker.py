@@ -1,0 +1,1023 @@
+"""The in-process hook: ``tracker = anatomy.track(model, optimizer)``.
+
+Phase boundaries come from hooks — the model's forward pre/post hooks and the optimizer's step
+pre/post hooks — so the same code serves a plain loop and the Hugging Face Trainer. Step
+boundaries come from ``tracker.step()`` / ``begin_step``/``end_step`` (or the Trainer callback); a
+loop that uses neither still gets steps: a training-mode forward begins one and the optimizer step
+ends it.
+
+Every step measures cheaply (saved-tensor counting in the forward, an allocator reading at each
+phase boundary, a clock mark); what runs when is :mod:`anatomy.hook.schedule`'s.
+
+What a snapshot's numbers mean. ``memory`` holds each component at its own maximum in the step:
+weights (parameters + buffers, plus autocast's low-precision weight copies), optimizer states and
+gradients are exact tensor sums; activations are the bytes saved for backward by one forward (the
+largest micro-batch). ``peak_bytes`` is the step's peak of memory in use — on CUDA the caching
+allocator's peak allocated bytes; on CPU glibc's heap in use at the peak, absolute (read at the phase
+boundaries, and after every op on traced steps) — and ``peak_phase`` where it happened.
+``at_peak`` splits that peak into what each component held at its moment, summing to ``peak_bytes``
+exactly: unattributed is what was in use at the step's start besides weights, optimizer states and
+gradients (on CPU: the interpreter, libraries, the batch; constant through the step); weights,
+optimizer states, gradients and activations are what was alive at the peak (the per-op trace of a
+sampled step knows the moment: saved tensors still held, gradients made so far; between traces the
+last traced split stands, ``at_peak_step`` says from which step); temporaries are the rest.
+
+Nothing raised in here reaches the training loop: a failing measurement is logged once, becomes
+unmeasured (None) and the snapshot's ``error`` says why (:mod:`anatomy.hook.guard`). Only the user's
+own exceptions propagate.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+import weakref
+from collections import deque
+from collections.abc import Callable, Mapping
+from dataclasses import replace
+from pathlib import Path
+from typing import Any, Literal
+
+import torch
+
+from anatomy import advisor
+from anatomy.hook.backend import CudaBackend, HeapBackend, MemoryBackend
+from anatomy.hook.changes import ModelWatch, OptimizerWatch
+from anatomy.hook.compiled import compile_in_use, outside_compile
+from anatomy.hook.cuda import CudaAllocator
+from anatomy.hook.detect import active_autocast_dtype, detect_optimizer, detect_precision, is_oom
+from anatomy.hook.gradients import GradientWatcher
+from anatomy.hook.guard import MAX_TEXT, Feature, Guard
+from anatomy.hook.heap import HostHeap
+from anatomy.hook.hello import build_hello
+from anatomy.hook.opgroups import OpGroupProfiler
+from anatomy.hook.publishing import Channel
+from anatomy.hook.record import Held, MemoryResult, StepRecord, Sums
+from anatomy.hook.saved import SavedTensorCounter, input_storage_keys
+from anatomy.hook.schedule import SAMPLE_EVERY, WARMUP_REFRESH_STEPS, Schedule
+from anatomy.hook.split import (
+    PeakSplitter,
+    divide_preexisting,
+    explained_after_optimizer,
+    held_after_optimizer,
+    step_parts,
+    traced_split,
+)
+from anatomy.hook.tensors import (
+    dominant_dtype,
+    gradient_bytes,
+    optimizer_state_bytes,
+    parameter_count,
+    unwrap_optimizer,
+    weight_bytes,
+)
+from anatomy.hook.throughput import Throughput
+from anatomy.hook.timing import (
+    BACKWARD_END,
+    BEGIN,
+    END,
+    FORWARD_POST,
+    FORWARD_PRE,
+    OPTIMIZER_POST,
+    OPTIMIZER_PRE,
+    StepClock,
+)
+from anatomy.hook.trace import MemoryTrace
+from anatomy.protocol import Hello, Snapshot, Suggestion
+from anatomy.vocabulary import (
+    MODEL_COMPONENTS,
+    Component,
+    OptimizerKind,
+    Phase,
+    Precision,
+    expected_bytes_per_param,
+)
+
+HISTORY_LENGTH = 120
+_NO_MEMORY: dict[str, int | None] = {c.value: None for c in Component}  # copied per snapshot
+_NAMED = (Feature.OPTIMIZER_STATES, Feature.GRADIENTS, Feature.ACTIVATIONS)
+
+
+def hook_disabled() -> bool:
+    return os.environ.get("ANATOMY_TOP", "").strip().lower() in ("0", "false", "no", "off")
+
+
+def _first_tensor(args: tuple[Any, ...], kwargs: Mapping[str, Any]) -> torch.Tensor | None:
+    for key in ("input_ids", "inputs_embeds", "pixel_values", "input_values", "x", "input"):
+        value = kwargs.get(key)
+        if isinstance(value, torch.Tensor):
+            return value
+    for value in args:
+        if isinstance(value, torch.Tensor):
+            return value
+    return None
+
+
+class _StepContext:
+    __slots__ = ("_samples", "_tokens", "_tracker")
+
+    def __init__(self, tracker: Tracker, samples: int | None, tokens: int | None) -> None:
+        self._tracker = tracker
+        self._samples = samples
+        self._tokens = tokens
+
+    def __enter__(self) -> Tracker:
+        self._tracker.begin_step(samples=self._samples, tokens=self._tokens)
+        return self._tracker
+
+    def __exit__(self, exc_type: Any, exc: BaseException | None, tb: Any) -> Literal[False]:
+        self._tracker.end_step(exc)
+        return False  # the user's exception, if any, propagates unchanged
+
+
+class _NullContext:
+    __slots__ = ("_tracker",)
+
+    def __init__(self, tracker: Tracker) -> None:
+        self._tracker = tracker
+
+    def __enter__(self) -> Tracker:
+        return self._tracker
+
+    def __exit__(self, *exc: object) -> Literal[False]:
+        return False
+
+
+class Tracker:
+    """Measures each training step of ``model`` (and ``optimizer``) and publishes a snapshot per step.
+
+    Use ``with tracker.step(samples=..., tokens=...):`` around each optimizer step (or
+    ``begin_step``/``end_step``), then ``close()`` (or use the tracker as a context manager).
+    A tracker with ``enabled=False`` (``ANATOMY_TOP=0``, or a set-up that failed) is a null tracker:
+    the same API, nothing attached, nothing measured.
+    """
+
+    def __init__(
+        self,
+        model: torch.nn.Module,
+        optimizer: Any = None,
+        *,
+        publish: bool = True,
+        interval_s: float = 0.5,
+        sample_every: int = SAMPLE_EVERY,
+        samples: int | None = None,
+        tokens: int | None = None,
+        grad_accum_steps: int = 1,
+        precision: Precision | None = None,
+        directory: Path | None = None,
+        enabled: bool = True,
+    ) -> None:
+        self.enabled = enabled
+        self.model = model
+        self.interval_s = float(interval_s)
+        self.grad_accum_steps = max(int(grad_accum_steps or 1), 1)
+        self.history: deque[Snapshot] = deque(maxlen=HISTORY_LENGTH)
+        self._guard = Guard()
+        self._schedule = Schedule(sample_every, self.interval_s)
+        self._throughput = Throughput(self._guard, self._schedule, samples, tokens)
+        self._channel = Channel(self._guard, enabled=publish, interval_s=self.interval_s, directory=directory)
+        self._splitter = PeakSplitter()
+        self._sums = Sums()
+        self._precision_override = precision
+        self._optimizer_ref: weakref.ref[Any] | None = None  # weak: a replaced optimizer must die
+        self._forced_refresh = -1  # a step whose sums are re-taken whatever the schedule (a change)
+        self._looked_at = 0  # the last step that compared the model's parameters in full
+        self._kind_of: tuple[Any, OptimizerKind] | None = None
+        self._hello_stale = False  # the hello changed since the publisher last got it
+        self._opt_handles: list[Any] = []
+        self._handles: list[Any] = []
+        self._step: StepRecord | None = None
+        self._last_rec: StepRecord | None = None  # the last finished step
+        self._explicit = False
+        self._closed = False
+        self._steps_done = 0
+        self._seq = 0
+        self._latest: Snapshot | None = None
+        self._unpublished = False  # the latest snapshot has not gone to the publisher (a failed step)
+        self._last_built = 0.0
+        self._hello: Hello | None = None
+        self._started_at = time.time()
+        self._suggestions: list[Suggestion] = []
+        self._advised_at = -1e9
+        self._expected: tuple[tuple[Precision, OptimizerKind], dict[str, float | None]] | None = None
+        self._autocast_dtype: torch.dtype | None = None
+        self._grad_scaler = False
+        self._oom_recorded: int | None = None
+        self._oom_path: Path | None = None
+        self._device: torch.device | None = None
+        self._cuda_events = False  # phase times from CUDA events, else the host clock
+        self._heap: HostHeap | None = None
+        self._memory: MemoryBackend | None = None
+        self._param_count = 0
+        self._param_dtype = torch.float32
+        self._compile_safe = False  # the hooks are wrapped to run outside compiled frames
+        if not enabled:
+            return
+        with self._guard(Feature.SETUP):
+            self._setup(model, optimizer)
+        if not self._guard.ok(Feature.SETUP):  # a null tracker from here: nothing stays attached
+            self._detach()
+            self.enabled = False
+
+    # -- set-up -----------------------------------------------------------------------------------
+
+    def _setup(self, model: torch.nn.Module, optimizer: Any) -> None:
+        self._counter = SavedTensorCounter()
+        self._probe_ref: weakref.ref[torch.Tensor] | None = None  # one parameter, watched every step
+        self._probe_ptr = 0
+        self._model_watch = ModelWatch(model)
+        self._optimizer_watch = OptimizerWatch(
+            self.attach_optimizer, lambda fn: outside_compile(self._guard.wrap(Feature.OPTIMIZER, fn))
+        )
+        self._refresh_weights()
+        self._sums.gradients = gradient_bytes(model)
+        self._register_model_hooks()
+        self.attach_optimizer(optimizer)
+
+    @property
+    def _optimizer(self) -> Any:
+        ref = self._optimizer_ref
+        return ref() if ref is not None else None
+
+    def _register_model_hooks(self) -> None:
+        """The forward pre/post hooks, kept out of compiled graphs once anything is compiled."""
+        for h in self._handles:
+            h.remove()
+        self._compile_safe = compile_in_use(self.model)
+        model = self.model
+        pre, post = self._out_of_compile(self._on_forward_pre), self._out_of_compile(self._on_forward_post)
+        self._handles = [
+            model.register_forward_pre_hook(pre, with_kwargs=True),
+            model.register_forward_hook(post, always_call=True),
+        ]
+
+    def _register_optimizer_hooks(self, opt: Any) -> None:
+        for h in self._opt_handles:
+            h.remove()
+        self._opt_handles = []
+        if hasattr(opt, "register_step_pre_hook"):
+            pre, post = (
+                self._out_of_compile(self._on_optimizer_pre),
+                self._out_of_compile(self._on_optimizer_post),
+            )
+            self._opt_handles = [opt.register_step_pre_hook(pre), opt.register_step_post_hook(post)]
+
+    def _out_of_compile(self, fn: Callable[..., Any]) -> Callable[..., Any]:
+        return outside_compile(fn) if self._compile_safe else fn
+
+    def _keep_out_of_compile(self) -> None:
+        """Something was compiled since the hooks were registered (the wrapper costs ~0.5 µs a call, so
+        it is not there before): wrap them now, at a step boundary, before a compiled frame traces them."""
+        if self._compile_safe or not compile_in_use(self.model):
+            return
+        with self._guard(Feature.SETUP):
+            self._register_model_hooks()
+            if self._optimizer is not None:
+                self._register_optimizer_hooks(self._optimizer)
+
+    def attach_optimizer(self, optimizer: Any) -> None:
+        """Track this optimizer's steps (the Trainer creates its optimizer after the model)."""
+        if not self.enabled or optimizer is None:
+            return
+        with self._guard(Feature.OPTIMIZER):
+            opt = unwrap_optimizer(optimizer)
+            if opt is self._optimizer:
+                return
+            self._optimizer_ref = self._optimizer_watch.current = weakref.ref(opt)
+            self._register_optimizer_hooks(opt)
+            self._hello_changed()
+            # a new optimizer makes its states on its first step: re-sum them there, whatever the schedule
+            self._forced_refresh = self._step.index if self._step is not None else self._steps_done
+        opt = self._optimizer
+        if opt is not None and self._guard.ok(Feature.OPTIMIZER_STATES):
+            with self._guard(Feature.OPTIMIZER_STATES):
+                self._sums.optimizer_states = optimizer_state_bytes(opt)
+
+    def set_precision(self, precision: Precision | None = None, *, grad_scaler: bool | None = None) -> None:
+        """Tell the tracker what it cannot see (e.g. the Trainer's fp16/bf16 flags)."""
+        if precision is not None:
+            self._precision_override = precision
+        if grad_scaler is not None:
+            self._grad_scaler = grad_scaler
+        self._hello_changed()
+
+    def _hello_changed(self) -> None:
+        """Rebuilt on next use; a running publisher gets it with the next snapshot."""
+        self._hello = None
+        self._hello_stale = True
+
+    def _refresh_due(self, index: int) -> bool:
+        return self._schedule.refresh_due(index) or index == self._forced_refresh
+
+    def _refresh_weights(self) -> None:
+        """Re-sum the weights and re-learn the parameters (storages, device, count, dtype)."""
+        model = self.model
+        by_dtype = weight_bytes(model)
+        self._sums.weights_by_dtype = by_dtype
+        self._sums.weights = sum(by_dtype.values())
+        params = list(model.parameters())
+        self._counter.set_params([*params, *model.buffers()])
+        if self._guard.ok(Feature.CHANGES):
+            with self._guard(Feature.CHANGES):
+                self._model_watch.remember(model)
+                self._optimizer_watch.set_params(model)
+        trainable = [p for p in params if p.requires_grad]
+        candidates = trainable or params
+        probe = candidates[0] if candidates else None
+        self._probe_ref = weakref.ref(probe) if probe is not None else None
+        self._probe_ptr = probe.data_ptr() if probe is not None else 0
+        count, dtype = parameter_count(model), dominant_dtype(model)
+        if (count, dtype) != (self._param_count, self._param_dtype):
+            self._param_count, self._param_dtype = count, dtype
+            self._hello_changed()
+        device = probe.device if probe is not None else torch.device("cpu")
+        if device != self._device:
+            self._use_device(device)
+
+    def _probe(self) -> torch.Tensor | None:
+        ref = self._probe_ref
+        return ref() if ref is not None else None
+
+    def _model_changed(self, index: int) -> bool:
+        """The model's parameters changed since the last look (cheap: see anatomy.hook.changes)."""
+        if not self._guard.ok(Feature.CHANGES):
+            return False
+        with self._guard(Feature.CHANGES):  # (a parameter without storage cannot be compared)
+            if self._probe_ref is not None:
+                probe = self._probe_ref()
+                if probe is None or probe.data_ptr() != self._probe_ptr:
+                    return True  # moved (.to(), a new device), or the parameter is gone
+            look = index - self._looked_at >= self._schedule.steps_per_interval()
+            if look:
+                self._looked_at = index
+            return self._model_watch.changed(self.model, look=look)
+        return False
+
+    def _use_device(self, device: torch.device) -> None:
+        """Measure on this device: the caching allocator's statistics on CUDA, else glibc's heap."""
+        self._device = device
+        self._counter.device = device  # a saved tensor offloaded elsewhere holds none of its memory
+        self._cuda_events = device.type == "cuda"
+        self._hello_changed()
+        # A fresh backend: a trace of another device's memory says nothing about this one.
+        if device.type == "cuda":
+            self._memory = CudaBackend(CudaAllocator(device), self._guard)
+            return
+        if self._heap is None:
+            self._heap = HostHeap()
+        self._memory = HeapBackend(self._heap, self._guard)
+
+    def _detach(self) -> None:
+        for h in self._handles + self._opt_handles:
+            h.remove()
+        self._handles, self._opt_handles = [], []
+        for watch in (getattr(self, "_model_watch", None), getattr(self, "_optimizer_watch", None)):
+            if watch is not None:
+                watch.close()
+
+    @property
+    def _is_cuda(self) -> bool:
+        return self._memory is not None and self._memory.is_cuda
+
+    @property
+    def sample_every(self) -> int:
+        return self._schedule.sample_every
+
+    @property
+    def default_samples(self) -> int | None:
+        return self._throughput.default_samples
+
+    @property
+    def default_tokens(self) -> int | None:
+        return self._throughput.default_tokens
+
+    @property
+    def error(self) -> str | None:
+        return self._guard.error
+
+    # -- step boundaries --------------------------------------------------------------------------
+
+    def step(self, samples: int | None = None, tokens: int | None = None) -> _StepContext | _NullContext:
+        """Context manager around one optimizer step (all its micro-batches)."""
+        if not self.enabled or self._closed:
+            return _NullContext(self)
+        return _StepContext(self, samples, tokens)
+
+    def begin_step(self, samples: int | None = None, tokens: int | None = None) -> None:
+        if not self.enabled or self._closed:
+            return
+        self._explicit = True
+        if self._step is not None:
+            self.end_step()
+        self._keep_out_of_compile()
+        self._begin(auto=False, samples=samples, tokens=tokens)
+
+    def _begin(self, auto: bool, samples: int | None = None, tokens: int | None = None) -> None:
+        with self._guard(Feature.STEP):
+            index = self._steps_done
+            sched = self._schedule
+            if self._model_changed(index):  # a new head, an untied embedding, .to(): all sums anew
+                self._forced_refresh = index
+            clock = StepClock(cuda=self._cuda_events and self._guard.ok(Feature.TIMING))
+            rec = StepRecord(index, auto, samples, tokens, clock)
+            self._step = rec
+            rec.opt_begin = self._sums.optimizer_states
+            probe = self._probe()
+            rec.grads_begin = self._sums.gradients if probe is not None and probe.grad is not None else 0
+            if self._refresh_due(index):
+                self._refresh_weights()
+                rec.grads_begin = self._sums.gradients = gradient_bytes(self.model)
+            rec.heap_on = sched.heap_due(index)
+            if self._memory is not None:
+                self._memory.read_start(rec)
+            if self._guard.ok(Feature.TIMING):
+                rec.clock.mark(BEGIN)
+            if sched.sample_due(index):
+                if self._guard.ok(Feature.OP_GROUPS):
+                    self._start_profiler(rec)
+                traced = self._memory is not None and self._memory.traced is not None
+                if sched.trace_due(index, traced):
+                    self._start_trace(rec)
+
+    def end_step(self, exc: BaseException | None = None) -> None:
+        """Close the current step. With ``exc`` (the exception that ended it), an out-of-memory
+        error writes the last snapshot with the error text to the OOM file."""
+        rec = self._step
+        if not self.enabled or rec is None:
+            if exc is not None and self.enabled and is_oom(exc):
+                self._write_oom(exc)
+            return
+        self._step = None
+        self._close_window(rec)
+        with self._guard(Feature.STEP):
+            self._finish(rec, exc)
+        if exc is not None and is_oom(exc):
+            self._write_oom(exc)
+
+    def _finish(self, rec: StepRecord, exc: BaseException | None) -> None:
+        if rec.trace is not None:  # entered after the profiler: leaves first
+            self._stop_trace(rec)
+        if rec.profiler is not None:
+            self._stop_profiler(rec, exc)
+        if self._guard.ok(Feature.TIMING):
+            rec.clock.mark(END)
+        memory = self._memory
+        if memory is not None and not rec.optimizer_ran:
+            # otherwise the optimizer's readings already cover the step's end
+            memory.read(
+                rec, Phase.OTHER, explained_after_optimizer(rec), held_after_optimizer(rec, self._sums)
+            )
+        due = exc is not None or self._steps_done == 0
+        due = due or time.monotonic() - self._last_built >= self.interval_s
+        if memory is not None:
+            heap_step = memory.step_ends(rec, stats_due=due)
+            if heap_step is not None:
+                self._schedule.heap_step = heap_step
+            if isinstance(memory, HeapBackend) and memory.runtime is None and rec.heap_from is None:
+                memory.measure_runtime(rec, step_parts(rec, self._sums))
+        if rec.grads is None and self._refresh_due(rec.index) and self._guard.ok(Feature.GRADIENTS):
+            # No optimizer hook saw this step: gradients as they are now.
+            with self._guard(Feature.GRADIENTS):
+                rec.grads = gradient_bytes(self.model)
+                self._sums.gradients = rec.grads
+        self._steps_done += 1
+        self._keep_out_of_compile()
+        self._throughput.step_finished(rec)
+        self._throughput.resolve()
+        self._last_rec = rec
+        self._build()
+        if exc is None:  # every finished step goes to the publisher (latest-only, O(1))
+            self._publish_latest()
+        else:
+            self._unpublished = True
+
+    # -- sampled steps ----------------------------------------------------------------------------
+
+    def _start_profiler(self, rec: StepRecord) -> None:
+        with self._guard(Feature.OP_GROUPS):
+            # Normalization modules are watched by module hooks, except where something is compiled:
+            # a graph compiled while they are on would break at every norm for good.
+            modules = () if compile_in_use(self.model) else self.model.modules()
+            prof = OpGroupProfiler(modules, hook=outside_compile)
+            prof.__enter__()
+            rec.profiler = prof
+            rec.profiled = True
+
+    def _stop_profiler(self, rec: StepRecord, exc: BaseException | None) -> None:
+        prof, rec.profiler = rec.profiler, None
+        if prof is None:
+            return
+        with self._guard(Feature.OP_GROUPS):
+            if exc is None:
+                prof.__exit__(None, None, None)
+                self._throughput.profile_finished(rec.index, prof)
+            else:
+                prof.__exit__(type(exc), exc, exc.__traceback__)
+
+    def _probe_held(self) -> Held:
+        rec = self._step
+        watch = rec.grad_watch if rec is not None else None
+        counter = self._counter
+        return Held(counter.alive_activation_bytes, counter.alive_copy_bytes, watch.bytes if watch else 0)
+
+    def _start_trace(self, rec: StepRecord) -> None:
+        """The per-op memory trace: the glibc heap (CPU) or the allocator's allocated bytes (CUDA, a
+        host-side counter: no synchronization), read after every op."""
+        read = self._memory.trace_reader() if self._memory is not None else None
+        if read is None or not self._guard.ok(Feature.HEAP_TRACE):
+            return
+        try:
+            with self._guard(Feature.HEAP_TRACE):
+                rec.grad_watch = GradientWatcher(self.model.parameters())
+                self._counter.track_alive = True
+                trace = MemoryTrace(read=read, probe=self._probe_held)
+                trace.__enter__()
+                rec.trace = trace
+                rec.counting = True  # the trace needs this step's saved tensors
+                self._schedule.retrace = False
+                rec.profiled = True
+        finally:
+            if rec.trace is None:
+                self._end_watch(rec)
+
+    def _end_watch(self, rec: StepRecord) -> None:
+        self._counter.track_alive = False
+        watch, rec.grad_watch = rec.grad_watch, None
+        if watch is not None:
+            with self._guard(Feature.HEAP_TRACE):
+                watch.close()
+
+    def _stop_trace(self, rec: StepRecord) -> None:
+        trace, rec.trace = rec.trace, None
+        self._end_watch(rec)
+        memory = self._memory
+        if trace is None or memory is None:
+            return
+        with self._guard(Feature.HEAP_TRACE):
+            trace.__exit__(None, None, None)
+            start = memory.trace_start(rec)
+            if start is not None:
+                parts = step_parts(rec, self._sums)
+                traced = traced_split(rec, trace, start, parts, self._sums.optimizer_states)
+                if traced is not None:
+                    memory.traced = traced
+
+    # -- hooks ------------------------------------------------------------------------------------
+
+    def _on_forward_pre(self, module: torch.nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
+        count = reached = False
+        with self._guard(Feature.FORWARD):
+            rec = self._step
+            if rec is None:
+                if self._explicit or self._closed or not (torch.is_grad_enabled() and module.training):
+                    return
+                self._begin(auto=True)
+                rec = self._step
+                if rec is None:
+                    return
+            if not torch.is_grad_enabled():
+                return
+            rec.in_forward += 1
+            if rec.in_forward > 1:
+                return  # re-entrant call of the same model inside its forward
+            rec.micro += 1
+            self._close_window(rec)  # an earlier micro-batch's, left open after its forward
+            x = _first_tensor(args, kwargs)
+            shape = tuple(x.shape) if x is not None else None
+            if x is not None and x.dim() >= 1 and (rec.samples is None or rec.tokens is None):
+                rec.samples_seen += int(x.shape[0])
+                if x.dim() >= 2 and not x.is_floating_point():
+                    rec.tokens_seen += int(x.numel())
+            ac = active_autocast_dtype(self._device.type if self._device is not None else "cpu")
+            if ac is not None and ac != self._autocast_dtype:
+                self._autocast_dtype = ac
+                self._hello_changed()  # the precision is mixed now
+            if self._guard.ok(Feature.ACTIVATIONS):
+                rec.counting = self._schedule.count_due(rec.index, shape, rec.counting)
+                count = rec.counting or rec.trace is not None
+            if not rec.heap_on and rec.micro == 1 and (count or shape != self._schedule.input_shape):
+                # A new shape (or a count due): read this step's heap after all, from here (nothing
+                # of the step has been allocated yet).
+                rec.heap_on = True
+                if self._memory is not None:
+                    self._memory.read_start(rec)
+            self._boundary(rec, Phase.FORWARD)
+            if self._guard.ok(Feature.TIMING):
+                rec.clock.mark(FORWARD_PRE)
+            reached = True
+        if count and reached and rec is not None:
+            # (fails where saved-tensor hooks are disabled, e.g. by a compiler or FSDP)
+            with self._guard(Feature.ACTIVATIONS):
+                counter = self._counter
+                counter.reset()
+                counter.set_inputs(input_storage_keys(args, kwargs))
+                rec.window = counter.start(keep_open=True)
+
+    def _on_forward_post(self, module: torch.nn.Module, args: tuple[Any, ...], output: Any) -> None:
+        with self._guard(Feature.FORWARD):
+            rec = self._step
+            if rec is None or rec.in_forward == 0:
+                return
+            rec.in_forward -= 1
+            if rec.in_forward > 0:
+                return
+            counter = self._counter
+            sums = self._sums
+            if rec.window:  # what the forward saved (the window may stay open for the loss)
+                acts = counter.activation_bytes
+                copies = counter.weight_copy_bytes
+                with self._guard(Feature.ACTIVATIONS):
+                    counter.end_forward()
+                if not counter.active:
+                    self._record_count(rec)
+            else:  # not counted this time: the last count stands
+                acts, copies = sums.activations or 0, sums.weight_copies
+            if self._guard.ok(Feature.TIMING):
+                rec.clock.mark(FORWARD_POST)
+            earlier_grads = max(sums.gradients - rec.grads_begin, 0) if rec.micro > 1 else 0
+            held = Held(acts, copies, rec.grads_begin + earlier_grads, rec.opt_begin)
+            if self._memory is not None:
+                self._memory.read(rec, Phase.FORWARD, acts + copies + earlier_grads, held)
+            self._boundary(rec, Phase.BACKWARD)
+
+    def _record_count(self, rec: StepRecord) -> None:
+        """The micro-batch's window closed: keep the largest micro-batch's counts."""
+        rec.window = False
+        counter, sums = self._counter, self._sums
+        acts = counter.activation_bytes
+        rec.activations = acts if rec.activations is None else max(rec.activations, acts)
+        rec.weight_copies = max(rec.weight_copies, counter.weight_copy_bytes)
+        rec.inputs = max(rec.inputs, counter.input_bytes)
+        sums.activations, sums.weight_copies, sums.inputs = rec.activations, rec.weight_copies, rec.inputs
+        self._schedule.counted_step = rec.index
+        if counter.weight_copy_dtype is not None and counter.weight_copy_dtype != self._autocast_dtype:
+            self._autocast_dtype = counter.weight_copy_dtype
+            self._hello_changed()
+
+    def _close_window(self, rec: StepRecord) -> None:
+        """Close the counting window at the step's next boundary (a backward's end, the optimizer, the
+        next micro-batch, the step's end): what the loss saved after the model's forward is in it."""
+        counter = self._counter
+        if not rec.window and not counter.active:
+            return
+        with self._guard(Feature.ACTIVATIONS):
+            counter.stop()
+        if rec.window:
+            self._record_count(rec)
+
+    def _on_optimizer_pre(self, optimizer: Any, args: Any, kwargs: Any) -> None:
+        self.optimizer_begin()
+
+    def _on_optimizer_post(self, optimizer: Any, args: Any, kwargs: Any) -> None:
+        self.optimizer_end()
+
+    def backward_end(self) -> None:
+        """A micro-batch's backward is done (the Trainer's ``on_substep_end``): its gradients exist."""
+        rec = self._step
+        if not self.enabled or rec is None or rec.in_forward:
+            return
+        self._close_window(rec)
+        with self._guard(Feature.BACKWARD):
+            if self._guard.ok(Feature.TIMING):
+                rec.clock.mark(BACKWARD_END)
+            grads = self._sums.gradients
+            held = Held(gradients=max(grads, rec.grads_begin), optimizer_states=rec.opt_begin)
+            if self._memory is not None:
+                self._memory.read(rec, Phase.BACKWARD, max(grads - rec.grads_begin, 0), held)
+
+    def optimizer_begin(self) -> None:
+        """Gradients are complete: measure them, and start the optimizer phase. Called by the
+        optimizer's step pre-hook; the Trainer callback calls it too (a second call is ignored)."""
+        rec = self._step
+        if not self.enabled or rec is None or rec.optimizer_ran or rec.in_forward:
+            return
+        self._close_window(rec)
+        with self._guard(Feature.OPTIMIZER):
+            rec.optimizer_ran = True
+            sums = self._sums
+            if self._guard.ok(Feature.GRADIENTS) and rec.grads is None and self._refresh_due(rec.index):
+                with self._guard(Feature.GRADIENTS):
+                    sums.gradients = gradient_bytes(self.model)
+            rec.grads = sums.gradients
+            held = Held(gradients=rec.grads, optimizer_states=rec.opt_begin)
+            if self._memory is not None:
+                self._memory.read(rec, Phase.BACKWARD, max(rec.grads - rec.grads_begin, 0), held)
+            self._boundary(rec, Phase.OPTIMIZER)
+            if self._guard.ok(Feature.TIMING):
+                rec.clock.mark(OPTIMIZER_PRE)
+            if rec.profiler is not None:
+                rec.profiler.set_phase(Phase.OPTIMIZER)
+
+    def optimizer_end(self) -> None:
+        """The optimizer step is done: its states exist now. Ends an automatic step."""
+        rec = self._step
+        if not self.enabled or rec is None or not rec.optimizer_ran or rec.opt_after is not None:
+            return
+        with self._guard(Feature.OPTIMIZER):
+            if self._guard.ok(Feature.TIMING):
+                rec.clock.mark(OPTIMIZER_POST)
+            refresh = self._refresh_due(rec.index)
+            opt = self._optimizer
+            if opt is not None and self._guard.ok(Feature.OPTIMIZER_STATES) and refresh:
+                with self._guard(Feature.OPTIMIZER_STATES):
+                    self._sums.optimizer_states = optimizer_state_bytes(opt)
+            rec.opt_after = self._sums.optimizer_states
+            if refresh and self._memory is not None:  # in steady state the heap after the step equals before
+                held = held_after_optimizer(rec, self._sums)
+                self._memory.read(rec, Phase.OPTIMIZER, explained_after_optimizer(rec), held)
+            self._boundary(rec, Phase.OTHER)
+        if rec.auto:
+            self.end_step()
+
+    def _boundary(self, rec: StepRecord, next_phase: Phase) -> None:
+        """A phase ends and ``next_phase`` begins: tell the sampled step's trace, and close the
+        allocator's peak window (CUDA)."""
+        if rec.trace is not None:
+            rec.trace.phase = next_phase
+        if self._memory is not None:
+            self._memory.phase_ends(rec, next_phase)
+
+    # -- the finished step's figures --------------------------------------------------------------
+
+    def _memory_result(self, rec: StepRecord) -> MemoryResult:
+        """Component bytes of the finished step, its peak and where the peak was."""
+        guard = self._guard
+        parts = step_parts(rec, self._sums)
+        memory: dict[str, int | None] = dict(_NO_MEMORY)
+        memory[Component.WEIGHTS.value] = self._sums.weights + parts.weight_copies
+        if not guard.ok(Feature.OPTIMIZER_STATES):
+            memory[Component.OPTIMIZER_STATES.value] = None
+        else:
+            memory[Component.OPTIMIZER_STATES.value] = (
+                parts.optimizer_states if self._optimizer is not None else 0
+            )
+        memory[Component.GRADIENTS.value] = parts.gradients if guard.ok(Feature.GRADIENTS) else None
+        if guard.ok(Feature.ACTIVATIONS) and parts.activations_known:
+            memory[Component.ACTIVATIONS.value] = parts.activations
+            memory[Component.INPUTS.value] = parts.inputs or None  # a row only where there are some
+        backend = self._memory
+        split = backend.peak(rec, parts) if backend is not None else None
+        if backend is None or split is None:
+            return MemoryResult(step=rec.index, memory=memory, micro=rec.micro, batch=self._batch_size(rec))
+        memory[Component.TEMPORARIES.value] = split.temporaries
+        runtime = backend.runtime
+        pre = divide_preexisting(split.preexisting or 0, parts.inputs, runtime)
+        memory[Component.UNATTRIBUTED.value] = pre.unattributed if split.preexisting is not None else None
+        if runtime is not None:
+            memory[Component.RUNTIME.value] = runtime
+        if split.allocator_cache is not None:
+            memory[Component.ALLOCATOR_CACHE.value] = split.allocator_cache
+        named = guard.all_ok(*_NAMED)
+        weights = self._sums.weights
+        at_peak = self._splitter.split(split.peak, weights, split.held, pre, runtime=runtime is not None)
+        return MemoryResult(
+            step=rec.index,
+            memory=memory,
+            peak=split.peak,
+            phase=split.phase,
+            source=backend.source,
+            cuda=split.cuda,
+            micro=rec.micro,
+            batch=self._batch_size(rec),
+            at_peak=at_peak if named else None,
+            at_peak_step=split.at_peak_step if named else None,
+        )
+
+    def _batch_size(self, rec: StepRecord) -> int | None:
+        """Samples per micro-batch: given per step (or at track()), else counted from the inputs."""
+        if rec.micro <= 0:
+            return None
+        samples = rec.samples if rec.samples is not None else self.default_samples
+        if samples is None:
+            samples = rec.samples_seen or None
+        return max(int(samples // rec.micro), 1) if samples else None
+
+    # -- set-up as detected -----------------------------------------------------------------------
+
+    @property
+    def precision(self) -> Precision:
+        if self._precision_override is not None:
+            return self._precision_override
+        return detect_precision(
+            param_dtype=self._param_dtype,
+            autocast_dtype=self._autocast_dtype,
+            grad_scaler=self._grad_scaler,
+        )
+
+    @property
+    def optimizer_kind(self) -> OptimizerKind:
+        ref = self._optimizer_ref  # the cache holds the weak reference, never the optimizer
+        cached = self._kind_of
+        if cached is None or cached[0] is not ref:
+            cached = self._kind_of = (ref, detect_optimizer(self._optimizer))
+        return cached[1]
+
+    @property
+    def hello(self) -> Hello:
+        if self._hello is None:
+            self._hello = build_hello(
+                self.model,
+                self._optimizer,
+                device=self._device if self.enabled else None,
+                is_cuda=self.enabled and self._is_cuda,
+                precision=self.precision,
+                started_at=self._started_at,
+                guard=self._guard,
+            )
+        return self._hello
+
+    # -- snapshots and publishing -----------------------------------------------------------------
+
+    @property
+    def latest(self) -> Snapshot | None:
+        """The snapshot of the last finished step."""
+        return self._latest
+
+    def _build(self, oom: str | None = None) -> Snapshot | None:
+        rec = self._last_rec
+        if rec is None and oom is None:
+            return self._latest
+        snap = None
+        with self._guard(Feature.SNAPSHOT):
+            result = self._memory_result(rec) if rec is not None else None
+            self._throughput.update_timing()
+            snap = self._snapshot(result, oom)
+        if snap is None:
+            return self._latest
+        if oom is None:
+            self._latest = snap
+            self._last_built = time.monotonic()
+            self.history.append(snap)
+        return snap
+
+    def _expected_bytes(self) -> dict[str, float | None]:
+        precision, kind = self.precision, self.optimizer_kind
+        cached = self._expected
+        if cached is None or cached[0] != (precision, kind):
+            table = {c.value: expected_bytes_per_param(c, precision, kind) for c in MODEL_COMPONENTS}
+            cached = self._expected = ((precision, kind), table)
+        return dict(cached[1])
+
+    def _snapshot(self, result: MemoryResult | None, oom: str | None) -> Snapshot:
+        if result is None:
+            memory: dict[str, int | None] = dict(_NO_MEMORY)
+            memory[Component.WEIGHTS.value] = self._sums.weights if self.enabled else None
+            result = MemoryResult(step=self._steps_done, memory=memory)
+        achieved, mfu = self._rates()
+        self._seq += 1
+        snap = Snapshot(
+            pid=os.getpid(),
+            seq=self._seq,
+            time=time.time(),
+            step=result.step,
+            memory=dict(result.memory),
+            expected_bytes_per_param=self._expected_bytes(),
+            parameter_count=self._param_count if self.enabled else 0,
+            peak_bytes=result.peak,
+            peak_phase=result.phase.value if result.phase is not None else None,
+            memory_source=result.source.value,
+            cuda=result.cuda,
+            timing=self._throughput.timing,
+            op_groups=dict(self._throughput.op_groups) if self._throughput.op_groups is not None else None,
+            op_groups_step=self._throughput.op_groups_step,
+            achieved_tflops=achieved,
+            mfu=mfu,
+            grad_accum_steps=max(result.micro, 1) if result.micro else self.grad_accum_steps,
+            error=self.error,
+            oom=oom[:MAX_TEXT] if oom is not None else None,
+            batch_size=result.batch,
+            at_peak=result.at_peak,
+            at_peak_step=result.at_peak_step,
+        )
+        # Every finished step is built and published; the advisor, the costliest part, runs once per
+        # publish interval (and for an OOM record) and its suggestions stand in between.
+        now = time.monotonic()
+        if oom is not None or now - self._advised_at >= self.interval_s:
+            self._suggestions = self._advise(snap)
+            self._advised_at = now
+        suggestions = self._suggestions
+        if suggestions or snap.error != self.error:  # the advisor's own failure shows at once
+            snap = replace(snap, suggestions=list(suggestions), error=self.error)
+        return snap
+
+    def _rates(self) -> tuple[float | None, float | None]:
+        device_name = None
+        tf32 = False
+        if self._is_cuda:
+            hello = self.hello
+            device_name, tf32 = hello.device_name, bool(hello.tf32)
+        return self._throughput.rates(device_name, self.precision, tf32)
+
+    def _advise(self, snap: Snapshot) -> list[Suggestion]:
+        if not self._guard.ok(Feature.ADVISOR):
+            return []
+        with self._guard(Feature.ADVISOR):
+            out = advisor.advise(self.hello, snap, tuple(self.history), None)
+            return [s for s in out if isinstance(s, Suggestion)][:64]
+        return []
+
+    def _publish_latest(self) -> None:
+        snap = self._latest
+        if snap is None:
+            return
+        self._unpublished = False
+        if self._hello_stale:  # the set-up changed: the monitor learns it before this step
+            self._hello_stale = False
+            self._channel.set_hello(self.hello)
+        self._channel.publish(snap, self.hello)
+
+    def _write_oom(self, exc: BaseException) -> Path | None:
+        """The last snapshot, with the error text, to the OOM file. Never raises."""
+        # By id: holding the exception would keep its traceback's frames (and tensors) alive.
+        if not self._channel.enabled or id(exc) == self._oom_recorded:
+            return self._oom_path  # already written for this exception (step, then tracker, exit)
+        self._oom_recorded = id(exc)
+        with self._guard(Feature.OOM):
+            snap = self._build(oom=f"{type(exc).__name__}: {exc}")
+            if snap is None:
+                return None
+            self._oom_path = self._channel.write_oom(snap, self.hello)
+            return self._oom_path
+        return None
+
+    def record_oom(self, exc: BaseException) -> Path | None:
+        """For wrappers that catch an exception outside a step (the Trainer callback): if it is an
+        out-of-memory error, end the step in progress and write the OOM file."""
+        if not self.enabled or not is_oom(exc):
+            return None
+        rec = self._step
+        if rec is not None:
+            self._step = None
+            self._close_window(rec)
+            with self._guard(Feature.STEP):
+                self._finish(rec, exc)
+        return self._write_oom(exc)
+
+    # -- life cycle -------------------------------------------------------------------------------
+
+    def close(self) -> None:
+        """Detach every hook, publish the last snapshot and remove the socket. Idempotent."""
+        if self._closed:
+            return
+        self._closed = True
+        if not self.enabled:
+            return
+        if self._step is not None:
+            self.end_step()
+        with self._guard(Feature.SETUP):
+            self._detach()
+        with self._guard(Feature.ACTIVATIONS):
+            self._counter.stop()  # (a window of a forward outside any step)
+        if self._unpublished:
+            self._publish_latest()
+        self._channel.close()
+
+    @property
+    def closed(self) -> bool:
+        return self._closed
+
+    @property
+    def socket_path(self) -> Path | None:
+        return self._channel.path
+
+    def __enter__(self) -> Tracker:
+        return self
+
+    def __exit__(self, exc_type: Any, exc: BaseException | None, tb: Any) -> Literal[False]:
+        if exc is not None and is_oom(exc):
+            self.record_oom(exc)
+        self.close()
+        return False
+
+
+def track(
+    model: torch.nn.Module,
+    optimizer: Any = None,
+    *,
+    publish: bool = True,
+    interval_s: float = 0.5,
+    sample_every: int = SAMPLE_EVERY,
+    samples: int | None = None,
+    tokens: int | None = None,
+    grad_accum_steps: int = 1,
+    precision: Precision | None = None,
+    directory: Path | None = None,
+) -> Tracker:
+    """Attach the anatomy hook to ``model`` (and ``optimizer``). With ``ANATOMY_TOP=0`` in the
+    environment this returns a tracker that does nothing (same API)."""
+    return Tracker(
+        model,
+        optimizer,
+        publish=publish,
+        interval_s=interval_s,
+        sample_every=sample_every,
+        samples=samples,
+        tokens=tokens,
+        grad_accum_steps=grad_accum_steps,
+        precision=precision,
+        directory=directory,
+        enabled=not hook_disabled(),
+    )
+
+
+__all__ = ["SAMPLE_EVERY", "WARMUP_REFRESH_STEPS", "Tracker", "hook_disabled", "track"]

@@ -1,0 +1,43 @@
+"""What runs on which step: warm-up steps do everything, steady state only what is due."""
+
+from __future__ import annotations
+
+from anatomy.hook.schedule import TRACE_EVERY, WARMUP_REFRESH_STEPS, Schedule
+
+
+def test_refresh_and_sampling_steps() -> None:
+    s = Schedule(sample_every=10, interval_s=1.0)
+    assert [i for i in range(35) if s.refresh_due(i)] == [*range(WARMUP_REFRESH_STEPS), 10, 20, 30]
+    assert [i for i in range(35) if s.sample_due(i)] == [1, 10, 20, 30]  # never the warm-up step 0
+    assert not any(Schedule(0, 1.0).sample_due(i) for i in range(5))
+
+
+def test_trace_on_first_sample_after_shape_change_and_every_nth() -> None:
+    s = Schedule(sample_every=10, interval_s=1.0)
+    assert s.trace_due(1, have_trace=False)
+    assert not s.trace_due(20, have_trace=True)
+    assert s.trace_due(10 * TRACE_EVERY, have_trace=True)
+    s.retrace = True
+    assert s.trace_due(20, have_trace=True)
+
+
+def test_counting_follows_shapes_and_the_publish_interval() -> None:
+    s = Schedule(sample_every=100, interval_s=1.0)
+    for _ in range(5):
+        s.note_step_s(0.25)  # 4 steps per interval
+    assert s.steps_per_interval() == 4
+    assert s.count_due(0, (4, 8), already=False)  # warm-up
+    s.counted_step = 2
+    assert not s.count_due(3, (4, 8), already=False)
+    assert s.count_due(6, (4, 8), already=False)  # an interval later
+    s.counted_step = 6
+    assert s.count_due(7, (8, 8), already=False) and s.retrace  # a new shape: counted, and traced again
+
+
+def test_heap_read_on_warmup_sampled_steps_and_once_per_interval() -> None:
+    s = Schedule(sample_every=100, interval_s=1.0)
+    for _ in range(5):
+        s.note_step_s(0.5)  # 2 steps per interval
+    assert s.heap_due(5)  # nothing read yet
+    s.heap_step = 5
+    assert not s.heap_due(6) and s.heap_due(7) and s.heap_due(100)

@@ -1,0 +1,130 @@
+"""Weights, gradients and optimizer states equal independent numel * element_size sums, exactly."""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+import pytest
+import torch
+
+from anatomy.hook.detect import detect_optimizer
+from anatomy.hook.tensors import gradient_bytes, optimizer_state_bytes, parameter_count, weight_bytes
+from anatomy.vocabulary import OptimizerKind
+
+
+def _unique_params(model: torch.nn.Module) -> list[torch.Tensor]:
+    by_id: dict[int, torch.Tensor] = {}
+    for _, p in model.named_parameters(remove_duplicate=False):
+        by_id[id(p)] = p
+    return list(by_id.values())
+
+
+def _nbytes(t: torch.Tensor) -> int:
+    return t.numel() * t.element_size()
+
+
+def test_weights_count_tied_embeddings_once(hk: SimpleNamespace) -> None:
+    model = hk.small_gpt2()
+    assert model.lm_head.weight is model.transformer.wte.weight  # tied
+    all_refs = list(model.named_parameters(remove_duplicate=False))
+    unique = _unique_params(model)
+    assert len(all_refs) > len(unique)
+
+    expected: dict[str, int] = {}
+    for t in [*unique, *{id(b): b for b in model.buffers()}.values()]:
+        key = str(t.dtype).removeprefix("torch.")
+        expected[key] = expected.get(key, 0) + _nbytes(t)
+    assert weight_bytes(model) == expected
+    naive = sum(_nbytes(p) for _, p in all_refs)
+    assert sum(weight_bytes(model).values()) < naive + sum(_nbytes(b) for b in model.buffers())
+    assert parameter_count(model) == sum(p.numel() for p in unique)
+
+
+def test_weights_per_dtype(hk: SimpleNamespace) -> None:
+    model = hk.small_bert()
+    model.classifier.to(torch.bfloat16)
+    got = weight_bytes(model)
+    fp32 = sum(_nbytes(p) for p in model.parameters() if p.dtype == torch.float32)
+    fp32 += sum(_nbytes(b) for b in model.buffers() if b.dtype == torch.float32)
+    bf16 = sum(_nbytes(p) for p in model.classifier.parameters())
+    assert got["float32"] == fp32
+    assert got["bfloat16"] == bf16
+
+
+def test_gradients_exact(hk: SimpleNamespace) -> None:
+    model = hk.small_bert()
+    assert gradient_bytes(model) == 0
+    model(**hk.bert_batch()).loss.backward()
+    expected = sum(_nbytes(p.grad) for p in _unique_params(model) if p.grad is not None)
+    assert expected > 0
+    assert gradient_bytes(model) == expected
+    assert gradient_bytes(list(model.parameters())) == expected
+    assert gradient_bytes(model) == 4 * parameter_count(model)  # fp32 gradients: 4 bytes/param
+
+
+def _state_sum(opt: torch.optim.Optimizer) -> int:
+    total = 0
+    for st in opt.state.values():
+        for v in st.values():
+            if isinstance(v, torch.Tensor):
+                total += _nbytes(v)
+    return total
+
+
+def _one_step(model: torch.nn.Module, opt: torch.optim.Optimizer, batch: dict[str, torch.Tensor]) -> None:
+    model(**batch).loss.backward()
+    opt.step()
+    opt.zero_grad()
+
+
+def test_adamw_states_are_8_bytes_per_param(hk: SimpleNamespace) -> None:
+    model = hk.small_bert()
+    opt = torch.optim.AdamW(model.parameters())
+    assert optimizer_state_bytes(opt) == 0
+    _one_step(model, opt, hk.bert_batch())
+    got = optimizer_state_bytes(opt)
+    assert got == _state_sum(opt)
+    n_tensors = len(list(model.parameters()))
+    step_bytes = sum(_nbytes(st["step"]) for st in opt.state.values())
+    assert step_bytes == 4 * n_tensors
+    assert (got - step_bytes) / parameter_count(model) == 8.0
+    assert detect_optimizer(opt) is OptimizerKind.ADAMW
+
+
+def test_sgd_momentum_is_4_bytes_per_param_and_plain_sgd_0(hk: SimpleNamespace) -> None:
+    model = hk.small_bert()
+    opt = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
+    _one_step(model, opt, hk.bert_batch())
+    assert optimizer_state_bytes(opt) == _state_sum(opt) == 4 * parameter_count(model)
+    assert detect_optimizer(opt) is OptimizerKind.SGD_MOMENTUM
+    plain = torch.optim.SGD(model.parameters(), lr=0.01)
+    _one_step(model, plain, hk.bert_batch())
+    assert optimizer_state_bytes(plain) == 0
+    assert detect_optimizer(plain) is OptimizerKind.SGD
+
+
+@pytest.mark.parametrize("impl", ["torch", "transformers"])
+def test_adafactor_states_factored(hk: SimpleNamespace, impl: str) -> None:
+    model = hk.small_bert()
+    if impl == "torch":
+        opt: torch.optim.Optimizer = torch.optim.Adafactor(model.parameters(), lr=1e-3)
+    else:
+        from transformers.optimization import Adafactor
+
+        opt = Adafactor(model.parameters(), lr=1e-3, relative_step=False, scale_parameter=False)
+    _one_step(model, opt, hk.bert_batch())
+    got = optimizer_state_bytes(opt)
+    assert got == _state_sum(opt) > 0
+    # Factored second moments: far less than AdamW's 8 bytes/param.
+    assert got / parameter_count(model) < 6.0
+    assert detect_optimizer(opt) is OptimizerKind.ADAFACTOR
+
+
+def test_shared_state_storage_counted_once() -> None:
+    p = torch.nn.Parameter(torch.zeros(100))
+    q = torch.nn.Parameter(torch.zeros(100))
+    opt = torch.optim.SGD([p, q], lr=0.1, momentum=0.9)
+    shared = torch.zeros(100)
+    opt.state[p] = {"momentum_buffer": shared}
+    opt.state[q] = {"momentum_buffer": shared[:50]}  # a view of the same storage
+    assert optimizer_state_bytes(opt) == 400
