@@ -108,7 +108,8 @@ def _cuda_sdpa(
     bias = None
     if attn_mask is not None:
         if attn_mask.dtype == torch.bool:
-            bias = torch.zeros(attn_mask.shape, dtype=query.dtype).masked_fill_(~attn_mask, float("-inf"))
+            # As torch converts it (one bias per call); built from the query so it stays fake.
+            bias = query.new_zeros(attn_mask.shape).masked_fill_(~attn_mask, float("-inf"))
         else:
             bias = attn_mask.to(query.dtype)
         bias = bias.expand(query.shape[0], query.shape[1], query.shape[2], key.shape[2])

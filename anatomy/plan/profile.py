@@ -33,7 +33,7 @@ from anatomy.plan.kernels import cuda_kernels
 from anatomy.plan.model import build_model, enable_checkpointing, make_inputs
 from anatomy.plan.settings import PlanError, PlanSettings, Target
 from anatomy.plan.timeline import Category, Mark, PhasePeak, Timeline, replay, zero_categories
-from anatomy.plan.values import RealIndices, is_fake
+from anatomy.plan.values import is_fake
 from anatomy.plan.workload import Workload
 from anatomy.vocabulary import Precision
 
@@ -104,30 +104,26 @@ def loss_of(out: Any) -> torch.Tensor:
 def cache_tensors(out: Any) -> list[torch.Tensor]:
     """The tensors of the KV cache in a model output (transformers' Cache objects: a DynamicCache's
     layers, an EncoderDecoderCache's self- and cross-attention caches; legacy tuples too)."""
+    # An explicit stack, not a recursive closure: a closure that refers to itself is a reference
+    # cycle, and it would keep every tensor it found alive until the cyclic GC runs.
     found: list[torch.Tensor] = []
     seen: set[int] = set()
-
-    def walk(value: Any) -> None:
+    stack: list[Any] = []
+    if hasattr(out, "get"):
+        stack = [out.get(key) for key in ("past_key_values", "cache") if out.get(key) is not None]
+    while stack:
+        value = stack.pop()
         if id(value) in seen:
-            return
+            continue
         seen.add(id(value))
         if isinstance(value, torch.Tensor):
             found.append(value)
         elif isinstance(value, (list, tuple)):
-            for v in value:
-                walk(v)
+            stack.extend(value)
         elif isinstance(value, dict):
-            for v in value.values():
-                walk(v)
+            stack.extend(value.values())
         elif hasattr(value, "__dict__") and not isinstance(value, torch.nn.Module):
-            for v in vars(value).values():
-                walk(v)
-
-    if hasattr(out, "get"):
-        for key in ("past_key_values", "cache"):
-            cache = out.get(key)
-            if cache is not None:
-                walk(cache)
+            stack.extend(vars(value).values())
     return found
 
 
@@ -160,7 +156,7 @@ def run_step_profile(config: Any, workload: Workload, settings: PlanSettings) ->
     """Run forward + backward of ``config``'s model on fake tensors and replay the memory timeline."""
     from torch._subclasses.fake_tensor import FakeTensorMode
 
-    timeline = Timeline(settings.target)
+    timeline = Timeline(settings.target, real_values=True)
     saved: set[int] = set()
     micro_batches = 2 if settings.grad_accum > 1 else 1
     fwd_end_ids: list[set[int]] = []
@@ -183,7 +179,7 @@ def run_step_profile(config: Any, workload: Workload, settings: PlanSettings) ->
             if settings.target == Target.CUDA
             else contextlib.nullcontext()
         )
-        with RealIndices(), timeline, kernels:
+        with timeline, kernels:
             for t in params.values():
                 timeline.param_ids.add(timeline.register(t))
             params_in_run = timeline.bytes_of(timeline.param_ids)

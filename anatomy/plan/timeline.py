@@ -18,6 +18,7 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_leaves
 
+from anatomy.plan import values
 from anatomy.plan.settings import Target
 from anatomy.plan.states import allocation_bytes
 
@@ -59,9 +60,10 @@ class PhasePeak:
 class Timeline(TorchDispatchMode):
     """Every storage an op creates (alloc event) and frees (weakref callback), in order."""
 
-    def __init__(self, target: Target) -> None:
+    def __init__(self, target: Target, real_values: bool = False) -> None:
         super().__init__()
         self.target = target
+        self.real_values = real_values  # run small batch-derived ops for real (anatomy.plan.values)
         self.live: dict[int, int] = {}  # storage _cdata -> allocation id
         self.sizes: dict[int, int] = {}  # allocation id -> bytes
         self.events: list[int] = []  # +id alloc, -id free
@@ -103,7 +105,8 @@ class Timeline(TorchDispatchMode):
         return sum(self.sizes[i] for i in set(ids))
 
     def __torch_dispatch__(self, func: Any, types: Any, args: tuple = (), kwargs: dict | None = None) -> Any:
-        out = func(*args, **(kwargs or {}))
+        kwargs = kwargs or {}
+        out = values.dispatch(func, args, kwargs) if self.real_values else func(*args, **kwargs)
         for t in tree_leaves(out):
             if isinstance(t, torch.Tensor):
                 aid = self.register(t)
