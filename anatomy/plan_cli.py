@@ -1,7 +1,9 @@
 """`anatomy-top plan MODEL ...`: the pre-flight anatomy of a training step, before any GPU is touched.
 
 tui/cli.py hands the arguments after ``plan`` to ``main``; ``python -m anatomy.plan_cli`` works too.
-Output is plain text (nothing is interpreted as markup) or, with ``--json``, one JSON object.
+Every argument is checked before torch is imported and before the fake step runs: a bad value is
+one line on stderr and exit status 2. Output is plain text for an 80-column pane (nothing is
+interpreted as markup) or, with ``--json``, one JSON object.
 """
 
 from __future__ import annotations
@@ -9,74 +11,134 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-from typing import Any, TextIO
+import textwrap
+from typing import Any, NoReturn, TextIO
 
-from anatomy.units import fmt_bytes
-from anatomy.vocabulary import Component, Precision
-
-PROG = "anatomy-top plan"
-_PRECISIONS = {"fp32": Precision.FP32, "fp16": Precision.FP16_MIXED, "bf16": Precision.BF16_MIXED}
-_OPTIMIZER_LABELS = {
-    "adamw": "AdamW",
-    "adamw-8bit": "8-bit AdamW",
-    "sgd": "SGD with momentum",
-    "adafactor": "Adafactor",
-    "adafactor-torch": "Adafactor (torch)",
-}
-_COMPONENT_ORDER = (
-    Component.CUDA_CONTEXT,
-    Component.ALLOCATOR_CACHE,
-    Component.WEIGHTS,
-    Component.OPTIMIZER_STATES,
-    Component.GRADIENTS,
-    Component.ACTIVATIONS,
-    Component.TEMPORARIES,
+from anatomy.plan.report import PROG, render_text, to_json, wrap
+from anatomy.plan.settings import (
+    OPTIMIZER_IMPLS,
+    PlanError,
+    PlanSettings,
+    Target,
+    Task,
+    check_gpu,
+    check_settings,
 )
+from anatomy.vocabulary import Precision
+
+_PRECISIONS = {"fp32": Precision.FP32, "fp16": Precision.FP16_MIXED, "bf16": Precision.BF16_MIXED}
 
 
-def _positive(text: str) -> int:
+def _whole(text: str) -> int:
+    """A whole number >= 1; ``1e6`` is read as 1000000 (it is a whole number)."""
     try:
         value = int(text)
     except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
+        try:
+            number = float(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
+        if number != number or number in (float("inf"), float("-inf")) or not number.is_integer():
+            raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
+        value = int(number)
     if value < 1:
         raise argparse.ArgumentTypeError(f"{value} must be at least 1")
     return value
 
 
+def _fill(text: str, first: str = "", rest: str = "") -> str:
+    return textwrap.fill(text, width=79, initial_indent=first, subsequent_indent=rest, break_on_hyphens=False)
+
+
+def _tasks_epilog() -> str:
+    lines = ["tasks (--task; default: from the config's architectures):"]
+    for task in Task:
+        lines.append(_fill(task.help, f"  {task.value:<24}", " " * 26))
+    lines.append("")
+    lines.append(
+        _fill(
+            "Speed factors in the technique table are the guide's, measured on BERT-large on a V100; "
+            "each row says so. Nothing is downloaded: MODEL's config.json is enough."
+        )
+    )
+    return "\n".join(lines)
+
+
+class _Parser(argparse.ArgumentParser):
+    """Bad arguments are one line on stderr (and exit status 2), not the whole usage."""
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(2, f"{self.prog}: {message} (--help lists every option)\n")
+
+
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(
+    p = _Parser(
         prog=PROG,
-        description="Predict a training step's memory anatomy (weights, optimizer states, gradients, "
-        "activations, temporaries) from a transformers config, without allocating it: the model runs "
-        "one forward and backward on fake tensors.",
+        description=_fill(
+            "Predict a training step's memory anatomy (weights, optimizer states, gradients, "
+            "activations, temporaries) from a transformers config, without allocating it: the model "
+            "runs one forward and backward on fake tensors."
+        ),
+        epilog=_tasks_epilog(),
+        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     p.add_argument(
         "model", help="a directory with config.json, a config.json path, or a hub id (needs network)"
     )
-    p.add_argument("--batch-size", type=_positive, default=4, help="micro-batch size (default 4)")
-    p.add_argument("--seq-len", type=_positive, default=512, help="sequence length (default 512)")
+    p.add_argument(
+        "--task",
+        choices=[t.value for t in Task],
+        metavar="TASK",
+        help="the head to train: " + ", ".join(t.value for t in Task) + " (see below)",
+    )
+    p.add_argument("--batch-size", type=_whole, default=4, metavar="N", help="micro-batch size (default 4)")
+    p.add_argument(
+        "--seq-len",
+        type=_whole,
+        metavar="N",
+        help="tokens per sequence; seq2seq-lm: source tokens (default 512)",
+    )
+    p.add_argument(
+        "--target-len", type=_whole, metavar="N", help="seq2seq-lm: label tokens (default: --seq-len)"
+    )
+    p.add_argument(
+        "--image-size",
+        type=_whole,
+        metavar="PX",
+        help="image-classification: pixels per side (default: the config's image_size)",
+    )
+    p.add_argument(
+        "--padding",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="plan padded batches: an attention mask with padding, from which the model builds a "
+        "(batch, 1, seq, seq) mask (default: on for text models, whose forward takes a mask); "
+        "--no-padding: packed or equal-length batches fed without a mask",
+    )
+    p.add_argument(
+        "--kv-cache",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="the forward returns a KV cache, which a plain loop's `out` keeps alive through the "
+        "optimizer step and the next forward (default: the config's use_cache, as training gets "
+        "it); --no-kv-cache plans model.config.use_cache = False",
+    )
     p.add_argument(
         "--precision", choices=sorted(_PRECISIONS), default="fp32", help="fp16/bf16 = mixed precision"
     )
     p.add_argument("--optimizer", choices=["adamw", "adamw-8bit", "sgd", "adafactor"], default="adamw")
     p.add_argument("--gradient-checkpointing", action="store_true")
     p.add_argument(
-        "--grad-accum", type=_positive, default=1, metavar="N", help="micro-batches per optimizer step"
+        "--grad-accum", type=_whole, default=1, metavar="N", help="micro-batches per optimizer step"
     )
     p.add_argument(
         "--gpu", metavar="NAME", help="e.g. H100-80GB, A100-40GB, or a size like 24GiB (default: NVML)"
     )
     p.add_argument(
-        "--task",
-        choices=["causal-lm", "sequence-classification", "masked-lm"],
-        help="the head to train (default: from config.architectures)",
-    )
-    p.add_argument(
         "--target",
-        choices=["cuda", "cpu"],
+        choices=[t.value for t in Target],
         default="cuda",
-        help="which kernels' memory to model (cpu: what a CPU run measures)",
+        help="which kernels' memory to model (cpu: what a CPU run measures; no GPU fit)",
     )
     p.add_argument(
         "--attention",
@@ -86,7 +148,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument(
         "--optimizer-impl",
-        choices=["foreach", "fused", "for-loop"],
+        choices=list(OPTIMIZER_IMPLS),
         help="AdamW implementation (default: torch's choice, foreach on CUDA; the Trainer uses fused)",
     )
     p.add_argument(
@@ -102,9 +164,7 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
-def _settings(args: argparse.Namespace) -> Any:
-    from anatomy.plan import PlanSettings
-
+def settings_from(args: argparse.Namespace) -> PlanSettings:
     return PlanSettings(
         batch_size=args.batch_size,
         seq_len=args.seq_len,
@@ -112,112 +172,17 @@ def _settings(args: argparse.Namespace) -> Any:
         optimizer=args.optimizer,
         gradient_checkpointing=args.gradient_checkpointing,
         grad_accum=args.grad_accum,
-        task=args.task,
-        target=args.target,
+        task=Task(args.task) if args.task else None,
+        target=Target(args.target),
         exact_depth=args.exact_depth,
         fused_attention=args.attention == "fused",
         optimizer_impl=args.optimizer_impl or ("fused" if args.loop == "trainer" else None),
         keep_outputs=args.loop == "plain",
+        padded=args.padding,
+        use_cache=args.kv_cache,
+        target_len=args.target_len,
+        image_size=args.image_size,
     )
-
-
-def _describe(s: Any) -> str:
-    parts = [
-        f"batch {s.batch_size} x seq {s.seq_len}",
-        {"fp32": "fp32", "fp16_mixed": "fp16 mixed", "bf16_mixed": "bf16 mixed"}.get(s.precision.value, "?"),
-        _OPTIMIZER_LABELS.get(s.optimizer, s.optimizer),
-    ]
-    if s.gradient_checkpointing:
-        parts.append("gradient checkpointing")
-    if s.grad_accum > 1:
-        parts.append(f"grad-accum {s.grad_accum}")
-    return ", ".join(parts)
-
-
-def render_text(result: Any, rows: list[Any] | None, batch: Any | None, out: TextIO) -> None:
-    r = result
-    w = out.write
-    w(f"{PROG}: {r.model} ({r.model_class}, {r.task}), {r.parameter_count / 1e6:.1f} M parameters\n")
-    w(f"  {_describe(r.settings)}; modelled for {r.settings.target.upper()}\n\n")
-    w(f"  {'Component':<24}{'Bytes':>12}{'B/param':>10}{'guide':>8}  source\n")
-    guide = r.expected_bytes_per_param()
-    for comp in _COMPONENT_ORDER:
-        value = r.components.get(comp)
-        if value is None:
-            continue
-        per = f"{value / r.parameter_count:.2f}" if r.parameter_count else "-"
-        g = guide.get(comp)
-        w(f"  {comp.label:<24}{fmt_bytes(value):>12}{per:>10}{(f'{g:g}' if g is not None else '-'):>8}  ")
-        w(f"{r.sources[comp].value}\n")
-    where = {
-        "forward": "at the end of forward",
-        "backward": "during backward",
-        "optimizer": "in the optimizer step",
-    }
-    w(f"\n  Predicted peak (tensors): {fmt_bytes(r.peak_bytes)} {where.get(r.peak_phase.value, '')}\n")
-    at = ", ".join(f"{c.label.lower()} {fmt_bytes(v)}" for c, v in r.at_peak.items() if v)
-    w(f"    live at the peak: {at}\n")
-    phases = ", ".join(f"{p.value} {fmt_bytes(v)}" for p, v in r.phase_peaks.items())
-    w(f"    peak by phase: {phases}\n")
-    if r.gpu_bytes is not None:
-        verdict = "fits" if r.fits else "does NOT fit"
-        spare = r.spare_bytes or 0
-        tail = f"{fmt_bytes(spare)} to spare" if spare >= 0 else f"{fmt_bytes(-spare)} over"
-        w(
-            f"  With CUDA context and allocator headroom: {fmt_bytes(r.total_bytes)} of "
-            f"{fmt_bytes(r.gpu_bytes)} ({r.gpu_name}, {r.gpu_source}): {verdict}, {tail}\n"
-        )
-    if rows:
-        w("\n  Techniques (memory: this plan; speed: samples/s factor as measured in the guide)\n")
-        w(f"  {'':<52}{'peak':>11}{'total':>11}  {'fits':<5}{'speed':>7}  speed source\n")
-        for row in rows:
-            res = row.result
-            fits = "-" if row.fits is None else ("yes" if row.fits else "no")
-            speed = f"x{row.speed_factor:.2f}" if row.speed_factor is not None else "-"
-            label = row.label if len(row.label) <= 50 else row.label[:49] + "…"
-            w(
-                f"  {label:<52}{fmt_bytes(res.peak_bytes):>11}{fmt_bytes(res.total_bytes):>11}  "
-                f"{fits:<5}{speed:>7}  {row.speed_source}\n"
-            )
-        if not any(row.label.startswith("best combination") for row in rows):
-            w("  best combination: nothing tried fits\n")
-    if batch is not None:
-        if batch.batch_size is None:
-            w("\n  Largest batch that fits: none (batch 1 does not fit)\n")
-        else:
-            w(
-                f"\n  Largest batch that fits: {batch.batch_size} (verified; "
-                f"~{fmt_bytes(batch.per_sample_bytes)} per sample, {batch.evaluations} plans)\n"
-            )
-    for note in r.notes:
-        w(f"  note: {note}\n")
-    w(f"  planned in {r.elapsed_s:.2f} s\n")
-
-
-def to_json(result: Any, rows: list[Any] | None, batch: Any | None) -> dict[str, Any]:
-    data = result.to_dict()
-    if rows is not None:
-        data["techniques"] = [
-            {
-                "label": row.label,
-                "techniques": list(row.keys),
-                "peak_bytes": row.result.peak_bytes if row.result else None,
-                "total_bytes": row.result.total_bytes if row.result else None,
-                "fits": row.fits,
-                "speed_factor": row.speed_factor,
-                "speed_source": row.speed_source,
-                "settings": row.result.to_dict()["settings"] if row.result else None,
-            }
-            for row in rows
-        ]
-    if batch is not None:
-        data["largest_batch"] = {
-            "batch_size": batch.batch_size,
-            "per_sample_bytes": batch.per_sample_bytes,
-            "evaluations": batch.evaluations,
-            "total_bytes": batch.result.total_bytes if batch.result else None,
-        }
-    return data
 
 
 def main(argv: list[str] | None = None, out: TextIO | None = None, err: TextIO | None = None) -> int:
@@ -229,23 +194,31 @@ def main(argv: list[str] | None = None, out: TextIO | None = None, err: TextIO |
     except SystemExit as exc:  # argparse already printed usage or help
         return int(exc.code or 0)
     try:
-        from anatomy.plan import (
-            PlanError,
-            Planner,
-            largest_batch,
-            load_config,
-            technique_table,
-        )
+        # Everything that needs no model, before torch is imported.
+        settings = settings_from(args)
+        check_settings(settings)
+        check_gpu(args.gpu, None, settings.target)
+    except PlanError as exc:
+        err.write(f"{PROG}: {exc}\n")
+        return 2
+    try:
+        from anatomy.plan.config import load_config
+        from anatomy.plan.planner import Planner
+        from anatomy.plan.search import largest_batch, technique_table
     except ImportError as exc:
         err.write(f"{PROG}: needs torch and transformers (pip install 'anatomy-top[train]'): {exc}\n")
         return 2
     try:
-        settings = _settings(args)
         config = load_config(args.model)
-        planner = Planner(config, args.task, name=args.model)
+        planner = Planner(config, settings.task, name=args.model)
+        # Everything that needs the config, before the fake step runs.
+        planner.check(settings, args.gpu)
+        for warning in planner.workload(settings)[1]:
+            err.write(wrap(f"{PROG}: warning: {warning}", "", "  "))
         result = planner.plan(settings, args.gpu)
-        rows = batch = None
-        if not args.quick and settings.target == "cuda":
+        rows: list[Any] | None = None
+        batch: Any | None = None
+        if not args.quick and settings.target == Target.CUDA:
             rows = technique_table(planner, settings, args.gpu)
             batch = largest_batch(planner, settings, args.gpu)
     except PlanError as exc:

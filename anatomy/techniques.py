@@ -13,6 +13,8 @@ from dataclasses import dataclass
 from anatomy.vocabulary import Source
 
 GUIDE_SOURCE = "guide, BERT-large on V100"
+GUIDE_SOURCE_SHORT = "BERT-L/V100"  # the same, in a table column
+GUIDE_MEASURED_ON = "BERT-large, batch 4 x 512, HF Trainer, on a V100-16GB"
 GUIDE_BASELINE_SAMPLES_PER_S = 8.86
 GUIDE_BASELINE_MEMORY_MB = 14949
 # "the kernels alone take up 1.3GB": nvidia-smi's 1343 MB (MiB) after a 1x1 tensor on the guide's V100.

@@ -1,7 +1,7 @@
 """Benchmark of `anatomy-top plan` and the advisor.
 
 Prints, for the scale targets (BERT-large batch 4 x 512 in < 1 s, a 7B Llama in < 10 s, process
-memory growing < 500 MB):
+memory growing < 500 MB; T5-base and ViT-base plan times for the other tasks):
   * plan time, cold (first plan in the process: FakeTensorMode warms up) and warm, and the peak RSS
     growth the plans caused;
   * the ratio of the default (depth-extrapolated) plan to the exact full-depth run of the same model,
@@ -96,6 +96,20 @@ def main() -> None:
     print(
         f"  plan {l_time:.2f} s (target < 10 s); peak {l_res.peak_bytes / (1 << 30):.1f} GiB "
         f"({l_res.peak_phase.value}), total {l_res.total_bytes / (1 << 30):.1f} GiB"
+    )
+    from transformers import T5Config, ViTConfig
+
+    t5 = T5Config(d_model=768, d_kv=64, d_ff=3072, num_layers=12, num_heads=12, decoder_start_token_id=0)
+    t5_settings = PlanSettings(batch_size=8, seq_len=512, target_len=128, precision=Precision.BF16_MIXED)
+    t5_time, t5_res = _timed(lambda: Planner(t5, name="t5-base").plan(t5_settings))
+    vit = ViTConfig()  # ViT-base/16 at 224 px
+    vit_settings = PlanSettings(batch_size=64, precision=Precision.BF16_MIXED)
+    vit_time, vit_res = _timed(lambda: Planner(vit, name="vit-base").plan(vit_settings))
+    print(
+        f"T5-base ({t5_res.parameter_count / 1e6:.0f} M), batch 8 x 512 -> 128 tokens, bf16, padded: plan "
+        f"{t5_time:.2f} s, peak {t5_res.peak_bytes / (1 << 30):.2f} GiB, KV cache "
+        f"{t5_res.kv_cache_bytes / mib:.0f} MiB; ViT-base/16, batch 64 x 224 px, bf16: plan "
+        f"{vit_time:.2f} s, peak {vit_res.peak_bytes / (1 << 30):.2f} GiB"
     )
     print(
         f"Process memory: RSS grew {(_rss() - rss0) / mib:.0f} MB, peak RSS grew "

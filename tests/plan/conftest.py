@@ -10,8 +10,10 @@ recognised by value: equal to a parameter cast to their dtype); the peak is glib
 from __future__ import annotations
 
 import contextlib
+import copy
 import ctypes
 import ctypes.util
+import inspect
 from dataclasses import dataclass
 from typing import Any
 
@@ -19,7 +21,6 @@ import pytest
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from anatomy.plan import PlanSettings, build_model, enable_checkpointing, make_inputs, prepare_config
 from anatomy.vocabulary import Phase, Precision
 
 
@@ -62,6 +63,7 @@ class HeapPeak(TorchDispatchMode):
         self.phase = Phase.FORWARD
         self.peak = 0
         self.peak_phase = Phase.FORWARD
+        self.phase_peaks: dict[Phase, int] = {}
         self.paused = False
 
     def sample(self) -> None:
@@ -70,6 +72,8 @@ class HeapPeak(TorchDispatchMode):
         now = heap_in_use()
         if now > self.peak:
             self.peak, self.peak_phase = now, self.phase
+        if now > self.phase_peaks.get(self.phase, 0):
+            self.phase_peaks[self.phase] = now
 
     def __torch_dispatch__(self, func: Any, types: Any, args: tuple = (), kwargs: dict | None = None) -> Any:
         out = func(*args, **(kwargs or {}))
@@ -86,14 +90,36 @@ def _storages_bytes(tensors: Any) -> int:
     return sum(seen.values())
 
 
-def _tensors_in(value: Any) -> list[torch.Tensor]:
+def tensors_in(value: Any, _seen: set[int] | None = None) -> list[torch.Tensor]:
+    """Every tensor reachable from ``value``: model outputs, tuples, dicts and plain objects such as
+    transformers' caches (a DynamicCache holds its keys and values in ``layers[i].keys/.values``)."""
+    seen = set() if _seen is None else _seen
+    if id(value) in seen:
+        return []
+    seen.add(id(value))
     if isinstance(value, torch.Tensor):
         return [value]
-    if isinstance(value, dict) or hasattr(value, "values"):
-        return [t for v in value.values() for t in _tensors_in(v)]
-    if isinstance(value, (list, tuple)):
-        return [t for v in value for t in _tensors_in(v)]
+    if isinstance(value, (str, bytes, int, float, bool, type(None), torch.device, torch.dtype)):
+        return []
+    if isinstance(value, dict) or (hasattr(value, "values") and callable(value.values)):
+        try:
+            items = list(value.values())
+        except Exception:
+            items = []
+        return [t for v in items for t in tensors_in(v, seen)]
+    if isinstance(value, (list, tuple, set)):
+        return [t for v in value for t in tensors_in(v, seen)]
+    if hasattr(value, "__dict__") and not isinstance(value, torch.nn.Module):
+        return [t for v in vars(value).values() for t in tensors_in(v, seen)]
     return []
+
+
+def _cache_of(out: Any) -> Any:
+    for key in ("past_key_values", "cache"):
+        cache = out.get(key) if hasattr(out, "get") else None
+        if cache is not None:
+            return cache
+    return None
 
 
 @dataclass
@@ -105,6 +131,9 @@ class Measured:
     activations: int
     peak: int
     peak_phase: Phase
+    phase_peaks: dict[Phase, int]  # each phase's own peak (bytes live on top of nothing: whole step)
+    kv_cache: int  # bytes of the cache the forward returned (0: none)
+    inputs: dict[str, Any]  # the last micro-batch's inputs, for reports
 
 
 def make_optimizer(name: str, model: torch.nn.Module) -> Any:
@@ -127,15 +156,113 @@ def _autocast(precision: Precision) -> contextlib.AbstractContextManager:
     return contextlib.nullcontext()
 
 
-def measure_real_step(config: Any, task: str, settings: PlanSettings, steps: int = 3) -> Measured:
+TEXT_TASKS = ("causal-lm", "masked-lm", "sequence-classification", "seq2seq-lm")
+
+
+def _auto_class(task: str) -> Any:
+    import transformers
+
+    return {
+        "causal-lm": transformers.AutoModelForCausalLM,
+        "masked-lm": transformers.AutoModelForMaskedLM,
+        "sequence-classification": transformers.AutoModelForSequenceClassification,
+        "seq2seq-lm": transformers.AutoModelForSeq2SeqLM,
+        "image-classification": transformers.AutoModelForImageClassification,
+    }[task]
+
+
+def real_config(config: Any, task: str, use_cache: bool | None) -> Any:
+    """The config a user would train: classification needs a pad token for batches > 1, T5-style
+    seq2seq a decoder start token; ``use_cache`` as the user set it (None: the config's own)."""
+    cfg = copy.deepcopy(config)
+    if getattr(cfg, "pad_token_id", None) is None and task == "sequence-classification":
+        eos = getattr(cfg, "eos_token_id", None)
+        cfg.pad_token_id = (eos[0] if isinstance(eos, list) else eos) if eos is not None else 0
+    if task == "seq2seq-lm" and getattr(cfg, "decoder_start_token_id", None) is None:
+        cfg.decoder_start_token_id = getattr(cfg, "pad_token_id", None) or 0
+    if use_cache is not None:
+        cfg.use_cache = use_cache
+    return cfg
+
+
+def _lengths(batch: int, seq: int) -> list[int]:
+    """A padded batch: every row shorter than the padded length (a batch of one padded to a fixed
+    length too), down to about half."""
+    return [max(1, seq - ((b + 1) * seq) // (2 * batch)) for b in range(batch)]
+
+
+def real_inputs(
+    config: Any,
+    task: str,
+    batch: int,
+    seq: int,
+    *,
+    padded: bool,
+    target_len: int | None = None,
+    image_size: int | None = None,
+    accepts_interpolation: bool = False,
+) -> dict[str, Any]:
+    """A real batch as a data collator builds it: token ids with right padding, an attention mask
+    with zeros on the padding, labels of -100 there (ignored by the loss); or images and class ids."""
+    if task == "image-classification":
+        size = image_size or int(config.image_size)
+        channels = int(getattr(config, "num_channels", 3))
+        inputs: dict[str, Any] = {
+            "pixel_values": torch.randn(batch, channels, size, size),
+            "labels": torch.zeros(batch, dtype=torch.long),
+        }
+        if accepts_interpolation and size != int(config.image_size):
+            inputs["interpolate_pos_encoding"] = True
+        return inputs
+    vocab = int(config.vocab_size)
+    pad = getattr(config, "pad_token_id", None) or 0
+    ids = torch.randint(min(100, vocab - 1), vocab, (batch, seq))
+    mask = torch.ones(batch, seq, dtype=torch.long)
+    if padded:
+        for b, length in enumerate(_lengths(batch, seq)):
+            mask[b, length:] = 0
+            ids[b, length:] = pad
+    inputs = {"input_ids": ids}
+    if padded:
+        inputs["attention_mask"] = mask
+    if task == "sequence-classification":
+        inputs["labels"] = torch.zeros(batch, dtype=torch.long)
+    elif task == "seq2seq-lm":
+        tgt = target_len or seq
+        labels = torch.randint(min(100, vocab - 1), vocab, (batch, tgt))
+        if padded:
+            for b, length in enumerate(_lengths(batch, tgt)):
+                labels[b, length:] = -100
+        inputs["labels"] = labels
+    else:
+        inputs["labels"] = ids.masked_fill(mask == 0, -100)
+    return inputs
+
+
+def measure_real_step(config: Any, task: str, settings: Any, steps: int = 3, **overrides: Any) -> Measured:
     """Train ``steps`` real steps on CPU as a plain loop does (``out = model(...)`` held until the
-    next forward returns); measure the last one."""
+    next forward returns); measure the last one. ``settings`` is a PlanSettings; ``overrides``
+    (padded, use_cache, target_len, image_size) replace or supply its fields."""
+
+    def get(name: str, default: Any) -> Any:
+        return overrides.get(name, getattr(settings, name, default))
+
+    use_cache = get("use_cache", None)
+    padded = get("padded", None)
+    if padded is None:  # the plan's default: a padded batch for token inputs
+        padded = task in TEXT_TASKS
+    seq = get("seq_len", None) or 512
+    target_len, image_size = get("target_len", None), get("image_size", None)
     torch.manual_seed(0)
-    cfg = prepare_config(config, task)
-    model = build_model(cfg, task)
+    cfg = real_config(config, task, use_cache)
+    model = _auto_class(task).from_config(cfg)
     model.train()
     if settings.gradient_checkpointing:
-        enable_checkpointing(model)
+        enable = (
+            getattr(model, "activation_checkpointing_enable", None) or model.gradient_checkpointing_enable
+        )
+        enable()
+    accepts_interpolation = "interpolate_pos_encoding" in inspect.signature(model.forward).parameters
     optimizer = make_optimizer(settings.optimizer, model)
     params = {p.untyped_storage().data_ptr(): p for p in model.parameters()}
     weights = _storages_bytes(list(model.parameters()) + list(model.buffers()))
@@ -177,11 +304,21 @@ def measure_real_step(config: Any, task: str, settings: PlanSettings, steps: int
 
         live_before = 0
         heap_before = 0
+        kv_cache = 0
         for micro in range(settings.grad_accum):
-            inputs = make_inputs(cfg, task, settings.batch_size, settings.seq_len)
+            inputs = real_inputs(
+                cfg,
+                task,
+                settings.batch_size,
+                seq,
+                padded=padded,
+                target_len=target_len,
+                image_size=image_size,
+                accepts_interpolation=accepts_interpolation,
+            )
             if sampler is not None and micro == 0:
-                states = _storages_bytes(t for s in optimizer.state.values() for t in _tensors_in(s))
-                held = _storages_bytes(_tensors_in(out)) if out is not None else 0
+                states = _storages_bytes(t for s in optimizer.state.values() for t in tensors_in(s))
+                held = _storages_bytes(tensors_in(out)) if out is not None else 0
                 live_before = weights + states + held + _storages_bytes(inputs.values())
                 heap_before = heap_in_use()
                 sampler.__enter__()
@@ -196,6 +333,12 @@ def measure_real_step(config: Any, task: str, settings: PlanSettings, steps: int
                 out = model(**inputs)
             if last and micro == 0:
                 activations, weight_copies = sum(acts.values()), sum(copies.values())
+                if sampler is not None:
+                    sampler.paused = True
+                kv_cache = _storages_bytes(tensors_in(_cache_of(out)))
+                if sampler is not None:
+                    sampler.paused = False
+            last_inputs = inputs
             del inputs
             if sampler is not None:
                 sampler.phase = Phase.BACKWARD
@@ -208,7 +351,7 @@ def measure_real_step(config: Any, task: str, settings: PlanSettings, steps: int
         optimizer.step()
         if sampler is not None:
             sampler.__exit__(None, None, None)
-            states = _storages_bytes(t for s in optimizer.state.values() for t in _tensors_in(s))
+            states = _storages_bytes(t for s in optimizer.state.values() for t in tensors_in(s))
             result = Measured(
                 weights=weights + weight_copies,
                 weight_copies=weight_copies,
@@ -217,6 +360,14 @@ def measure_real_step(config: Any, task: str, settings: PlanSettings, steps: int
                 activations=activations,
                 peak=live_before + max(0, sampler.peak - heap_before),
                 peak_phase=sampler.peak_phase,
+                phase_peaks={
+                    phase: live_before + max(0, value - heap_before)
+                    for phase, value in sampler.phase_peaks.items()
+                },
+                kv_cache=kv_cache,
+                inputs={
+                    k: tuple(v.shape) if isinstance(v, torch.Tensor) else v for k, v in last_inputs.items()
+                },
             )
     assert result is not None
     return result

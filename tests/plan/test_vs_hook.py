@@ -15,6 +15,7 @@ from anatomy.vocabulary import Component, Precision
 
 def _hook_run(planner: Planner, settings: PlanSettings, steps: int = 3) -> Any:
     torch.manual_seed(0)
+    workload = planner.workload(settings)[0]
     model = build_model(planner.config, planner.task)
     model.train()
     if settings.gradient_checkpointing:
@@ -30,7 +31,7 @@ def _hook_run(planner: Planner, settings: PlanSettings, steps: int = 3) -> Any:
         for _ in range(steps):
             with tracker.step():
                 optimizer.zero_grad(set_to_none=True)
-                inputs = make_inputs(planner.config, planner.task, settings.batch_size, settings.seq_len)
+                inputs = make_inputs(planner.config, workload)
                 with autocast():
                     out = model(**inputs)
                 out.loss.backward()
@@ -55,7 +56,12 @@ def test_plan_matches_hook(
 ) -> None:
     planner = Planner(tiny_configs[family], task)
     settings = PlanSettings(
-        batch_size=4, seq_len=64, target="cpu", precision=precision, gradient_checkpointing=checkpointing
+        batch_size=4,
+        seq_len=64,
+        target="cpu",
+        precision=precision,
+        gradient_checkpointing=checkpointing,
+        padded=False,
     )
     result = planner.plan(settings)
     snap = _hook_run(planner, settings)

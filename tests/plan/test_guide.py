@@ -10,6 +10,8 @@ plan orders the techniques as the guide measured them.
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 
 from anatomy.plan import Planner, PlanSettings
@@ -27,21 +29,27 @@ def test_guide_bert_large_runs() -> None:
         hidden_size=1024, num_hidden_layers=24, num_attention_heads=16, intermediate_size=4096
     )
     planner = Planner(config, "sequence-classification", name="bert-large")
+    # The guide's dummy dataset has no attention mask (token ids and labels only): unpadded.
     trainer = PlanSettings(
-        batch_size=4, seq_len=512, fused_attention=False, keep_outputs=False, optimizer_impl="fused"
+        batch_size=4,
+        seq_len=512,
+        fused_attention=False,
+        keep_outputs=False,
+        optimizer_impl="fused",
+        padded=False,
     )
     runs = {
         "baseline": (trainer, GUIDE_BASELINE_MEMORY_MB),
         "accumulation": (
-            PlanSettings(**{**trainer.__dict__, "batch_size": 1, "grad_accum": 4}),
+            replace(trainer, batch_size=1, grad_accum=4),
             TECHNIQUES["gradient_accumulation"].guide_memory_mb,
         ),
         "checkpointing": (
-            PlanSettings(**{**trainer.__dict__, "gradient_checkpointing": True}),
+            replace(trainer, gradient_checkpointing=True),
             TECHNIQUES["gradient_checkpointing"].guide_memory_mb,
         ),
         "fp16": (
-            PlanSettings(**{**trainer.__dict__, "precision": Precision.FP16_MIXED}),
+            replace(trainer, precision=Precision.FP16_MIXED),
             TECHNIQUES["mixed_precision"].guide_memory_mb,
         ),
     }

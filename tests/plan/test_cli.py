@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import io
 import json
 from pathlib import Path
@@ -114,3 +115,116 @@ def test_trainer_loop_drops_outputs_and_uses_fused_adamw(bert_dir: Path) -> None
     # The foreach AdamW of the plain loop holds sqrt(exp_avg_sq) for every parameter (4 B/param fp32).
     opt_plain, opt_trainer = plain["phase_peaks"]["optimizer"], trainer["phase_peaks"]["optimizer"]
     assert opt_plain - opt_trainer >= plain["components"]["gradients"]["bytes"]
+
+
+# ---------------------------------------------------------------------------------------------
+# Every input checked before the fake step; other families; the help
+
+
+def _refuse_fake_steps(monkeypatch: pytest.MonkeyPatch) -> None:
+    import anatomy.plan.planner as planner_module
+
+    def refuse(*args: Any, **kwargs: Any) -> Any:
+        raise AssertionError("the fake step ran before the input was checked")
+
+    monkeypatch.setattr(planner_module, "run_step_profile", refuse)
+
+
+@pytest.mark.parametrize(
+    ("extra", "message"),
+    [
+        (["--gpu", "0GiB"], "a GPU has at least 1 MiB"),
+        (["--gpu", "Z80"], "unknown GPU 'Z80'"),
+        (["--gpu", "Z80", "--target", "cpu"], "unknown GPU 'Z80'"),
+        (["--gpu", "H100", "--target", "cpu"], "--gpu does not apply to --target cpu"),
+        (["--batch-size", "1e12"], "batch size 1,000,000,000,000 is more than a plan can model"),
+        (["--batch-size", "1e20"], "is more than a plan can model"),
+        (["--batch-size", "2.5"], "'2.5' is not a whole number"),
+        (["--seq-len", "100000"], "exceeds the model's 128 position embeddings"),
+        (["--target-len", "16"], "--target-len applies to seq2seq-lm"),
+        (["--image-size", "224"], "--image-size applies to image-classification"),
+        (["--task", "image-classification"], "no image-classification head"),
+    ],
+)
+def test_bad_input_is_one_line_and_exit_2(
+    extra: list[str], message: str, bert_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    _refuse_fake_steps(monkeypatch)
+    out, err = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stderr(err):  # argparse writes its own errors to sys.stderr
+        rc = plan_cli.main([str(bert_dir), *extra], out=out, err=err)
+    text = err.getvalue()
+    assert rc == 2 and out.getvalue() == ""
+    assert message in text and text.count("\n") == 1, text
+    assert text.startswith("anatomy-top plan: ") and "Traceback" not in text
+
+
+def test_rope_beyond_its_positions_warns_and_plans(tmp_path: Path, tiny_configs: dict[str, Any]) -> None:
+    cfg = tiny_configs["llama"]
+    cfg.architectures = ["LlamaForCausalLM"]
+    cfg.save_pretrained(tmp_path / "llama")
+    rc, out, err = _run(
+        [str(tmp_path / "llama"), "--seq-len", "256", "--batch-size", "1", "--quick", "--json"]
+    )
+    assert rc == 0
+    assert "warning: sequence length 256 is beyond the model's max_position_embeddings (128)" in _flat(err)
+    assert json.loads(out)["warnings"]
+
+
+def _flat(text: str) -> str:
+    return " ".join(text.split())
+
+
+def test_help_lists_every_task(capsys: pytest.CaptureFixture[str]) -> None:
+    assert plan_cli.main(["--help"]) == 0
+    text = capsys.readouterr().out
+    for task in ("causal-lm", "masked-lm", "sequence-classification", "seq2seq-lm", "image-classification"):
+        assert task in text
+    assert "--target-len" in text and "--image-size" in text and "--no-kv-cache" in text
+    assert "--no-padding" in text
+
+
+@pytest.mark.parametrize(
+    ("name", "make", "args", "task"),
+    [
+        (
+            "t5",
+            lambda: __import__("transformers").T5Config(
+                vocab_size=500,
+                d_model=32,
+                d_kv=8,
+                d_ff=64,
+                num_layers=2,
+                num_heads=4,
+                architectures=["T5ForConditionalGeneration"],
+            ),
+            ["--seq-len", "64", "--target-len", "16", "--quick"],
+            "seq2seq-lm",
+        ),
+        (
+            "vit",
+            lambda: __import__("transformers").ViTConfig(
+                hidden_size=32,
+                num_hidden_layers=2,
+                num_attention_heads=2,
+                intermediate_size=64,
+                image_size=32,
+                patch_size=8,
+                architectures=["ViTForImageClassification"],
+            ),
+            ["--image-size", "48"],
+            "image-classification",
+        ),
+    ],
+)
+def test_other_families_end_to_end(name: str, make: Any, args: list[str], task: str, tmp_path: Path) -> None:
+    make().save_pretrained(tmp_path / name)
+    rc, out, err = _run([str(tmp_path / name), "--batch-size", "2", "--gpu", "A100-40GB", *args])
+    assert rc == 0, err
+    assert f", {task})" in out and "Predicted peak" in out
+    assert ("Largest batch that fits" in out) == ("--quick" not in args)
+    assert all(len(line) <= 80 for line in out.splitlines())
+    rc, out, _ = _run([str(tmp_path / name), "--batch-size", "2", "--quick", "--json", *args])
+    assert rc == 0
+    data = json.loads(out)
+    assert data["task"] == task and data["workload"]["task"] == task

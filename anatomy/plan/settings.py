@@ -1,0 +1,221 @@
+"""What a plan is asked for, and the checks that need nothing but the request itself.
+
+Stdlib only: `anatomy-top plan` validates its arguments here before torch and transformers are
+imported, so a typo is reported in milliseconds rather than after a fake training step.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, fields
+from enum import Enum
+
+from anatomy import gpus
+from anatomy.vocabulary import OptimizerKind, Precision
+
+
+class PlanError(Exception):
+    """A plan that cannot be made (bad input, unsupported model or setting): its text is for users,
+    one line, saying what to change."""
+
+
+class Task(str, Enum):
+    """The head a plan trains, and so which inputs a micro-batch holds."""
+
+    CAUSAL_LM = "causal-lm"
+    MASKED_LM = "masked-lm"
+    SEQUENCE_CLASSIFICATION = "sequence-classification"
+    SEQ2SEQ_LM = "seq2seq-lm"
+    IMAGE_CLASSIFICATION = "image-classification"
+
+    @property
+    def takes_tokens(self) -> bool:
+        return self is not Task.IMAGE_CLASSIFICATION
+
+    @property
+    def help(self) -> str:
+        return TASK_HELP[self]
+
+
+TASK_HELP: dict[Task, str] = {
+    Task.CAUSAL_LM: "decoder-only language models (Llama, Mistral, GPT-2, Qwen2, Phi, ...): "
+    "token ids, labels = the ids; --seq-len",
+    Task.MASKED_LM: "BERT-style masked language modelling: token ids and token labels; --seq-len",
+    Task.SEQUENCE_CLASSIFICATION: "a classification head on any text model: token ids, one label per "
+    "sequence; --seq-len",
+    Task.SEQ2SEQ_LM: "encoder-decoder models (T5, BART, mT5, Pegasus, Marian, ...): --seq-len source "
+    "tokens, --target-len label tokens",
+    Task.IMAGE_CLASSIFICATION: "vision models (ViT, ConvNeXt, Swin, ResNet, ...): images of "
+    "--image-size pixels, one label per image",
+}
+
+
+class Target(str, Enum):
+    """Whose kernels' memory the plan models."""
+
+    CUDA = "cuda"
+    CPU = "cpu"
+
+
+OPTIMIZERS: tuple[str, ...] = ("adamw", "adamw-8bit", "sgd", "adafactor", "adafactor-torch")
+OPTIMIZER_KINDS: dict[str, OptimizerKind] = {
+    "adamw": OptimizerKind.ADAMW,
+    "adamw-8bit": OptimizerKind.ADAMW_8BIT,
+    "sgd": OptimizerKind.SGD_MOMENTUM,
+    "adafactor": OptimizerKind.ADAFACTOR,
+    "adafactor-torch": OptimizerKind.ADAFACTOR,
+}
+OPTIMIZER_IMPLS: tuple[str, ...] = ("foreach", "fused", "for-loop")
+PLANNED_PRECISIONS = (Precision.FP32, Precision.FP16_MIXED, Precision.BF16_MIXED)
+DEFAULT_SEQ_LEN = 512
+
+# What a plan can model. Beyond these, some tensor of the step (logits: tokens x vocabulary; unfused
+# attention: batch x heads x seq^2) no longer has a byte count torch can hold in an int64, and the
+# fake run would end in an overflow deep inside torch. Real micro-batches are orders of magnitude
+# smaller (a 7B model at 4096 tokens fits about 16 sequences on an 80 GB GPU).
+MAX_TOKENS = 1 << 31  # batch x sequence length of one micro-batch
+MAX_SEQ_LEN = 1 << 22  # tokens in one sequence
+MAX_PIXELS = 1 << 34  # batch x image height x width
+MAX_IMAGE_SIZE = 1 << 15
+MAX_GRAD_ACCUM = 1 << 20
+MIN_GPU_BYTES = 1 << 20  # --gpu 0GiB, or a size typed in the wrong unit
+
+
+@dataclass(frozen=True)
+class PlanSettings:
+    """One training configuration to plan. ``None`` means "as the model and task imply" (resolved into
+    a :class:`~anatomy.plan.workload.Workload` for each model)."""
+
+    batch_size: int = 4  # per micro-batch (per_device_train_batch_size)
+    seq_len: int | None = None  # tokens per sequence (seq2seq: source); None: 512
+    precision: Precision = Precision.FP32
+    optimizer: str = "adamw"
+    gradient_checkpointing: bool = False
+    grad_accum: int = 1
+    task: Task | None = None  # None: from config.architectures
+    target: Target = Target.CUDA
+    keep_outputs: bool = True  # the loop holds `out = model(...)` until the next forward (a plain loop)
+    exact_depth: bool = False
+    fused_attention: bool = True  # CUDA target: SDPA runs a fused kernel (False: the math path, probs saved)
+    optimizer_impl: str | None = None  # AdamW: foreach | fused | for-loop (None: torch's default)
+    padded: bool | None = None  # an attention mask with padding; None: yes when the model takes one
+    use_cache: bool | None = None  # the forward returns a KV cache; None: the config's use_cache
+    target_len: int | None = None  # seq2seq: label tokens; None: = seq_len
+    image_size: int | None = None  # image tasks: pixels per side; None: config.image_size
+
+    def __post_init__(self) -> None:
+        # Accept the strings the CLI and JSON use; hold the enums.
+        if isinstance(self.task, str) and not isinstance(self.task, Task):
+            object.__setattr__(self, "task", _enum(Task, self.task, "task"))
+        if isinstance(self.target, str) and not isinstance(self.target, Target):
+            object.__setattr__(self, "target", _enum(Target, self.target, "target"))
+
+    def to_dict(self) -> dict[str, object]:
+        out: dict[str, object] = {}
+        for f in fields(self):
+            value = getattr(self, f.name)
+            out[f.name] = value.value if isinstance(value, Enum) else value
+        return out
+
+
+def _enum(kind: type[Enum], value: str, what: str) -> Enum:
+    try:
+        return kind(value)
+    except ValueError:
+        choices = ", ".join(str(m.value) for m in kind)
+        raise PlanError(f"unknown {what} {value!r} (one of {choices})") from None
+
+
+def _count(n: int) -> str:
+    return f"{n:,}"
+
+
+def check_settings(settings: PlanSettings) -> None:
+    """Every check that needs no model: raises PlanError with one line naming the bad value."""
+    s = settings
+    counts: tuple[tuple[str, int | None], ...] = (
+        ("batch size", s.batch_size),
+        ("gradient accumulation", s.grad_accum),
+        ("sequence length", s.seq_len),
+        ("target length", s.target_len),
+        ("image size", s.image_size),
+    )
+    for name, value in counts:
+        optional = name not in ("batch size", "gradient accumulation")
+        if value is None and optional:
+            continue
+        if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+            raise PlanError(f"{name} must be a whole number >= 1 (got {value!r})")
+    if s.grad_accum > MAX_GRAD_ACCUM:
+        raise PlanError(f"gradient accumulation {_count(s.grad_accum)} is beyond {_count(MAX_GRAD_ACCUM)}")
+    if s.task is None or s.task.takes_tokens:
+        check_shape(s.batch_size, s.seq_len or DEFAULT_SEQ_LEN, s.target_len, None)
+    else:
+        check_shape(s.batch_size, None, None, s.image_size)
+    if s.optimizer not in OPTIMIZERS:
+        raise PlanError(f"unknown optimizer {s.optimizer!r} (one of {', '.join(OPTIMIZERS)})")
+    if s.optimizer_impl is not None and s.optimizer_impl not in OPTIMIZER_IMPLS:
+        raise PlanError(
+            f"unknown optimizer implementation {s.optimizer_impl!r} (one of {', '.join(OPTIMIZER_IMPLS)})"
+        )
+    if s.precision not in PLANNED_PRECISIONS:
+        raise PlanError(f"precision {s.precision.value} is not planned (fp32, fp16 or bf16 mixed)")
+    if not isinstance(s.target, Target):
+        raise PlanError(f"unknown target {s.target!r} (one of cuda, cpu)")
+    if s.task is not None and not isinstance(s.task, Task):
+        raise PlanError(f"unknown task {s.task!r} (one of {', '.join(t.value for t in Task)})")
+    if s.task is not None:
+        check_task_options(s, s.task)
+
+
+def check_shape(batch: int, seq_len: int | None, target_len: int | None, image_size: int | None) -> None:
+    """One micro-batch must stay within what a plan can model (see MAX_TOKENS)."""
+    if batch > MAX_TOKENS:
+        raise PlanError(f"batch size {_count(batch)} is more than a plan can model ({_count(MAX_TOKENS)})")
+    for name, value in (("sequence length", seq_len), ("target length", target_len)):
+        if value is None:
+            continue
+        if value > MAX_SEQ_LEN:
+            raise PlanError(f"{name} {_count(value)} is more than a plan can model ({_count(MAX_SEQ_LEN)})")
+        if batch * value > MAX_TOKENS:
+            raise PlanError(
+                f"batch size {_count(batch)} x {name} {_count(value)} = {_count(batch * value)} tokens per "
+                f"micro-batch is more than a plan can model ({_count(MAX_TOKENS)})"
+            )
+    if image_size is not None:
+        if image_size > MAX_IMAGE_SIZE:
+            raise PlanError(f"image size {_count(image_size)} is beyond {_count(MAX_IMAGE_SIZE)} pixels")
+        if batch * image_size**2 > MAX_PIXELS:
+            raise PlanError(
+                f"batch size {_count(batch)} x {image_size}x{image_size} images is more than a plan can "
+                f"model ({_count(MAX_PIXELS)} pixels per micro-batch)"
+            )
+
+
+def check_task_options(settings: PlanSettings, task: Task) -> None:
+    """Options that belong to other tasks are errors, not silently ignored."""
+    s = settings
+    if s.target_len is not None and task is not Task.SEQ2SEQ_LM:
+        raise PlanError(f"--target-len applies to seq2seq-lm, not {task.value}")
+    if s.image_size is not None and task is not Task.IMAGE_CLASSIFICATION:
+        raise PlanError(f"--image-size applies to image-classification, not {task.value} (use --seq-len)")
+    if task is Task.IMAGE_CLASSIFICATION:
+        if s.seq_len is not None:
+            raise PlanError("--seq-len does not apply to image-classification (use --image-size)")
+        if s.padded:
+            raise PlanError("--padding applies to token inputs, not image-classification")
+
+
+def check_gpu(gpu: str | None, gpu_bytes: int | None, target: Target) -> None:
+    """A GPU to fit against must be known and have memory, and only the CUDA target is fitted."""
+    if gpu is not None:
+        total = gpus.gpu_memory_bytes(gpu)
+        if total is None:
+            raise PlanError(f"unknown GPU {gpu!r}: one of {', '.join(gpus.names())}, or a size like 24GiB")
+        if total < MIN_GPU_BYTES:
+            raise PlanError(f"GPU memory {gpu!r} is {total} bytes: a GPU has at least 1 MiB")
+    if gpu_bytes is not None and gpu_bytes < MIN_GPU_BYTES:
+        raise PlanError(f"GPU memory of {gpu_bytes} bytes: a GPU has at least 1 MiB")
+    if target is Target.CPU and (gpu is not None or gpu_bytes is not None):
+        raise PlanError(
+            "--gpu does not apply to --target cpu (a CPU plan is not fitted to GPU memory): drop one of them"
+        )
