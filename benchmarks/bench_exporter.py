@@ -2,9 +2,9 @@
 8 of them training ranks publishing their anatomy.
 
 The box is the simulated NVML under unmodified pynvml (``tui.simnvml``), its 64 processes real local
-sleepers; the 8 ranks are real ``anatomy.publisher.Publisher`` servers in this process speaking the real
-wire protocol, each publishing a fresh snapshot every 0.5 s (as a hook does) with every component, CUDA
-allocator figures and five op groups.
+ones: 8 ranks, each its own process serving the hook's real ``Publisher`` on the real wire protocol and
+publishing a fresh snapshot every 0.5 s (as a hook does) with every component, CUDA allocator figures and
+five op groups; and 56 sleepers.
 
 Two measurements, each against a baseline taken in the same run, rounds interleaved:
 
@@ -34,7 +34,6 @@ import statistics
 import subprocess
 import sys
 import tempfile
-import threading
 import time
 import urllib.request
 from collections import Counter
@@ -48,8 +47,7 @@ sys.path.insert(0, str(ROOT))
 from prometheus_client import generate_latest  # noqa: E402
 from prometheus_client.parser import text_string_to_metric_families  # noqa: E402
 
-from anatomy.protocol import CudaMemory, Hello, OpGroupStat, Snapshot, Timing  # noqa: E402
-from anatomy.publisher import Publisher  # noqa: E402
+from anatomy.protocol import CudaMemory, Hello, OpGroupStat, Snapshot, Timing, encode  # noqa: E402
 from anatomy.vocabulary import Component, OpGroup  # noqa: E402
 from tui import simnvml  # noqa: E402
 from tui.exporter.collector import NodeCollector  # noqa: E402
@@ -58,6 +56,7 @@ from tui.simnvml.processes import sleepers  # noqa: E402
 from tui.sources.anatomy_source import AnatomySource  # noqa: E402
 from tui.sources.nvml import NvmlSource  # noqa: E402
 
+FAKE_RANK = ROOT / "tests" / "exporter" / "fake_rank.py"
 NODES = 1000
 SCRAPE_INTERVAL_S = 15.0  # Prometheus' default
 # Prometheus' head block: roughly 3-4 KiB of memory per active series (its own docs and the usual
@@ -123,34 +122,31 @@ def make_snapshot(pid: int, seq: int) -> Snapshot:
 
 
 class Ranks:
-    """``n`` publishers, each republishing a fresh snapshot every ``interval_s`` from a daemon thread."""
+    """``n`` ranks, each its own process serving the hook's Publisher (tests/exporter/fake_rank.py) and
+    republishing a fresh snapshot every ``interval_s``, as a hook does each step."""
 
-    def __init__(self, directory: Path, pids: list[int], interval_s: float = 0.5) -> None:
-        self.pubs = [
-            Publisher(make_hello(pid, r, len(pids)), interval_s=interval_s, directory=directory)
-            for r, pid in enumerate(pids)
-        ]
-        for pub in self.pubs:
-            assert pub.start() is not None, "publisher did not start"
-        self._stop = threading.Event()
-        self._interval = interval_s
-        self._pids = pids
-        self._thread = threading.Thread(target=self._run, daemon=True)
-        self._thread.start()
-
-    def _run(self) -> None:
-        seq = 0
-        while not self._stop.is_set():
-            for pub, pid in zip(self.pubs, self._pids, strict=True):
-                pub.publish(make_snapshot(pid, seq))
-            seq += 1
-            self._stop.wait(self._interval)
+    def __init__(self, directory: Path, n: int, interval_s: float = 0.5) -> None:
+        self.procs: list[subprocess.Popen[bytes]] = []
+        for rank in range(n):
+            proc = subprocess.Popen(
+                [sys.executable, str(FAKE_RANK), str(directory), "--every", str(interval_s)],
+                stdin=subprocess.PIPE,
+                stdout=subprocess.PIPE,
+            )
+            assert proc.stdin is not None and proc.stdout is not None
+            proc.stdin.write(encode(make_hello(0, rank, n)) + encode(make_snapshot(0, 0)))
+            proc.stdin.flush()
+            if not proc.stdout.readline().startswith(b"ready "):
+                raise RuntimeError("a fake rank did not start")
+            self.procs.append(proc)
+        self.pids = [p.pid for p in self.procs]
 
     def close(self) -> None:
-        self._stop.set()
-        self._thread.join()
-        for pub in self.pubs:
-            pub.close()
+        for proc in self.procs:
+            assert proc.stdin is not None
+            proc.stdin.close()
+        for proc in self.procs:
+            proc.wait(timeout=10)
 
 
 def pct(values: list[float], q: float) -> float:
@@ -287,12 +283,13 @@ def main() -> int:
         tmp = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="bench-exporter-")))
         runtime = tmp / "run"
         runtime.mkdir(mode=0o700)
-        pids = stack.enter_context(sleepers(args.processes))
-        scenario = simnvml.Scenario.demo_box(args.gpus, pids=pids)
+        ranks = Ranks(runtime, args.ranks)
+        stack.callback(ranks.close)
+        others = stack.enter_context(sleepers(args.processes - args.ranks))
+        # Round-robin over the GPUs: rank r on GPU r, the other processes spread behind them.
+        scenario = simnvml.Scenario.demo_box(args.gpus, pids=ranks.pids + others)
         scenario_path = tmp / "scenario.json"
         scenario.to_json(scenario_path)
-        ranks = Ranks(runtime, pids[: args.ranks])
-        stack.callback(ranks.close)
         lib = simnvml.install(scenario)
         stack.callback(simnvml.uninstall)
 

@@ -3,6 +3,8 @@ simulated NVML under unmodified pynvml, and scrapes parsed back with prometheus_
 
 from __future__ import annotations
 
+import subprocess
+import sys
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -15,6 +17,7 @@ pytest.importorskip("prometheus_client", reason="the 'exporter' extra (prometheu
 from prometheus_client import generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
+from anatomy import protocol
 from anatomy.protocol import CudaMemory, Hello, OpGroupStat, Snapshot, Timing
 from anatomy.publisher import Publisher
 from anatomy.vocabulary import Component
@@ -116,6 +119,59 @@ def publishers() -> Iterator[Callable[..., Publisher]]:
     yield start
     for pub in started:
         pub.close()
+
+
+FAKE_RANK = Path(__file__).with_name("fake_rank.py")
+
+
+class FakeRank:
+    """A rank in its own process (tests/exporter/fake_rank.py): socket server, published PID and NVML
+    PID are one process, as with a real hook."""
+
+    def __init__(self, directory: Path, hello: Hello, snapshot: Snapshot | None, every: float = 0.0) -> None:
+        args = [sys.executable, str(FAKE_RANK), str(directory)] + (["--every", str(every)] if every else [])
+        self.proc = subprocess.Popen(args, stdin=subprocess.PIPE, stdout=subprocess.PIPE)
+        self.pid = self.proc.pid
+        assert self.proc.stdin is not None and self.proc.stdout is not None
+        self.proc.stdin.write(protocol.encode(hello))
+        self.proc.stdin.flush()
+        line = self.proc.stdout.readline().decode()
+        assert line.startswith("ready "), f"fake rank did not start: {line!r}"
+        self.path = Path(line.split(" ", 1)[1].strip())
+        if snapshot is not None:
+            self.publish(snapshot)
+
+    def publish(self, snapshot: Snapshot) -> None:
+        assert self.proc.stdin is not None
+        self.proc.stdin.write(protocol.encode(snapshot))
+        self.proc.stdin.flush()
+
+    def close(self) -> None:
+        if self.proc.poll() is None:
+            assert self.proc.stdin is not None
+            self.proc.stdin.close()
+            try:
+                self.proc.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+
+
+@pytest.fixture
+def ranks() -> Iterator[Callable[..., FakeRank]]:
+    """``start(directory, hello, snapshot)`` → a FakeRank (its own process); all ended afterwards."""
+    started: list[FakeRank] = []
+
+    def start(
+        directory: Path, hello: Hello, snapshot: Snapshot | None = None, every: float = 0.0
+    ) -> FakeRank:
+        rank = FakeRank(directory, hello, snapshot, every)
+        started.append(rank)
+        return rank
+
+    yield start
+    for rank in started:
+        rank.close()
 
 
 @pytest.fixture

@@ -17,7 +17,6 @@ from tui import simnvml
 from tui.exporter.collector import NodeCollector
 from tui.exporter.families import GPU_LABELS, INFO_LABELS
 from tui.sanitize import clean
-from tui.simnvml.processes import sleepers
 
 # dcgm-exporter's GPU labels (render_metrics.go), modelName renamed for Prometheus' linter.
 DCGM_LABELS = {"gpu", "UUID", "pci_bus_id", "device", "model_name", "hostname"}
@@ -43,7 +42,7 @@ def _nvml_truth() -> tuple[dict[int, str], dict[int, int], dict[int, int]]:
 
 def test_scrape_holds_what_each_rank_published(
     runtime: Path,
-    publishers: Callable[..., Any],
+    ranks: Callable[..., Any],
     sim: Callable[..., Any],
     scrape: Callable[..., Any],
     make_hello: Callable[..., Any],
@@ -51,17 +50,14 @@ def test_scrape_holds_what_each_rank_published(
     one: Callable[..., float],
     pick: Callable[..., Any],
 ) -> None:
-    with sleepers(2) as pids:
-        sim(simnvml.Scenario.demo_box(2, pids=pids))
-        uuids, totals, per_pid = _nvml_truth()
-        snaps = {}
-        for rank, pid in enumerate(pids):
-            hello = make_hello(
-                pid, rank=rank, local_rank=rank, world_size=2, run_id="job-7", device=f"cuda:{rank}"
-            )
-            snaps[rank] = make_snapshot(pid, seq=10 + rank, weights=6_000_000 + rank)
-            publishers(runtime, hello, snaps[rank])
-        series = scrape(NodeCollector(dirs=[runtime], hostname="node-a"))
+    snaps, pids = {}, []
+    for rank in range(2):
+        hello = make_hello(0, rank=rank, local_rank=rank, world_size=2, run_id="job-7", device=f"cuda:{rank}")
+        snaps[rank] = make_snapshot(0, seq=10 + rank, weights=6_000_000 + rank)
+        pids.append(ranks(runtime, hello, snaps[rank]).pid)
+    sim(simnvml.Scenario.demo_box(2, pids=pids))
+    uuids, totals, per_pid = _nvml_truth()
+    series = scrape(NodeCollector(dirs=[runtime], hostname="node-a"))
 
     for rank, snap in snaps.items():
         key = {"run_id": "job-7", "rank": str(rank)}
@@ -103,11 +99,16 @@ def test_scrape_holds_what_each_rank_published(
         assert list(info.values()) == [1.0]
         labels = dict(next(iter(info)))
         assert set(labels) == set(INFO_LABELS)
-        assert labels["pid"] == str(pids[rank]) and labels["gpu_uuid"] == uuids[rank]
+        assert labels["pid"] == labels["node_pid"] == str(pids[rank])
+        assert labels["gpu_uuid"] == uuids[rank]
         assert labels["model"] == "LlamaForCausalLM" and labels["optimizer"] == "AdamW"
         assert labels["precision"] == "bf16_mixed" and labels["world_size"] == "2"
         # pid is on the info series only: it never multiplies the others.
-        assert not any("pid" in dict(lab) for (name, lab) in series if name != "anatomy_rank_info")
+        assert not any(
+            "pid" in dict(lab) or "node_pid" in dict(lab)
+            for (name, lab) in series
+            if name != "anatomy_rank_info"
+        )
 
     for index, uuid in uuids.items():
         gpu = pick(series, "anatomy_gpu_memory_total_bytes", gpu=str(index))
@@ -171,6 +172,24 @@ def test_no_gpu_still_exports_the_training_processes(
 
 def test_series_stay_unique_when_jobs_share_a_run_id_and_rank(
     runtime: Path,
+    ranks: Callable[..., Any],
+    no_nvml: None,
+    scrape: Callable[..., Any],
+    make_hello: Callable[..., Any],
+    make_snapshot: Callable[..., Any],
+    pick: Callable[..., Any],
+) -> None:
+    # Two torchrun launches without --rdzv-id on one node: both are run "none", both have a rank 0.
+    ranks(runtime, make_hello(0, rank=0, run_id="none", started_at=1.0), make_snapshot(0))
+    later = ranks(runtime, make_hello(0, rank=0, run_id="none", started_at=2.0), make_snapshot(0))
+    series = scrape(NodeCollector(dirs=[runtime], ppid=lambda p: 4242))  # parse() asserts uniqueness
+    run_ids = sorted(dict(lab)["run_id"] for lab in pick(series, "anatomy_rank_info"))
+    assert run_ids == ["local-4242", f"local-4242-pid{later.pid}"]  # the first started keeps the plain key
+    assert len(pick(series, "anatomy_memory_bytes", component="weights")) == 2
+
+
+def test_a_hook_in_another_pid_namespace_is_known_by_its_node_pid(
+    runtime: Path,
     publishers: Callable[..., Any],
     no_nvml: None,
     scrape: Callable[..., Any],
@@ -178,14 +197,13 @@ def test_series_stay_unique_when_jobs_share_a_run_id_and_rank(
     make_snapshot: Callable[..., Any],
     pick: Callable[..., Any],
 ) -> None:
-    pid = os.getpid()
-    # Two torchrun launches without --rdzv-id on one node: both are run "none", both have a rank 0.
-    publishers(runtime, make_hello(pid, rank=0, run_id="none", started_at=1.0), make_snapshot(pid))
-    publishers(runtime, make_hello(pid + 1, rank=0, run_id="none", started_at=2.0), make_snapshot(pid + 1))
-    series = scrape(NodeCollector(dirs=[runtime], ppid=lambda p: 4242))  # parse() asserts uniqueness
-    run_ids = sorted(dict(lab)["run_id"] for lab in pick(series, "anatomy_rank_info"))
-    assert run_ids == ["local-4242", f"local-4242-pid{pid + 1}"]  # the first started keeps the plain key
-    assert len(pick(series, "anatomy_memory_bytes", component="weights")) == 2
+    # A hook in a container publishes the PID it sees there (here: 1); the kernel tells the exporter
+    # which process on the node serves the socket (here: this test's process).
+    publishers(runtime, make_hello(1), make_snapshot(1))
+    series = scrape(NodeCollector(dirs=[runtime]))
+    labels = dict(next(iter(pick(series, "anatomy_rank_info"))))
+    assert labels["pid"] == "1" and labels["node_pid"] == str(os.getpid())
+    assert labels["run_id"] == f"local-{os.getpid()}"  # not "local-1": every container has a PID 1
 
 
 def test_hostile_strings_are_sanitised_labels(

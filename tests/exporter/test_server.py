@@ -31,7 +31,6 @@ from tui.exporter.server import (
     make_server,
     parse_listen,
 )
-from tui.simnvml.processes import sleepers
 
 REPO = Path(__file__).resolve().parents[2]
 EXPORTER = [sys.executable, "-m", "tui.cli", "exporter"]
@@ -250,24 +249,26 @@ def test_app_routes(runtime: Path, no_nvml: None) -> None:
 )
 def test_promtool_check_metrics_is_clean(
     runtime: Path,
-    publishers: Callable[..., Any],
+    ranks: Callable[..., Any],
     make_hello: Callable[..., Any],
     make_snapshot: Callable[..., Any],
     sim: Callable[..., Any],
 ) -> None:
     from prometheus_client import generate_latest
 
-    with sleepers(2) as pids:
-        sim(simnvml.Scenario.demo_box(8, pids=pids))
-        for rank, pid in enumerate(pids):
-            publishers(runtime, make_hello(pid, rank=rank, world_size=2, run_id="lint"), make_snapshot(pid))
-        collector = NodeCollector(dirs=[runtime])
-        try:
-            collector.scrape(wait_s=1.0)
-            text = generate_latest(build_registry(collector))
-        finally:
-            collector.close()
+    pids = [
+        ranks(runtime, make_hello(0, rank=r, world_size=2, run_id="lint"), make_snapshot(0)).pid
+        for r in range(2)
+    ]
+    sim(simnvml.Scenario.demo_box(8, pids=pids))
+    collector = NodeCollector(dirs=[runtime])
+    try:
+        collector.scrape(wait_s=1.0)
+        text = generate_latest(build_registry(collector))
+    finally:
+        collector.close()
     assert b"anatomy_memory_bytes{" in text and b"anatomy_gpu_power_watts{" in text
+    assert b'gpu_uuid="GPU-' in text
     out = subprocess.run(["promtool", "check", "metrics"], input=text, capture_output=True, timeout=60)
     assert out.returncode == 0, out.stdout + out.stderr
     assert out.stdout.strip() == b"" and out.stderr.strip() == b"", "promtool found something to say"

@@ -1,10 +1,11 @@
 """The collector behind /metrics: every scrape reads NVML and every hook socket of the node, then builds
 its metric families from what it just read.
 
-Nothing is kept from one scrape to the next but the connections: one ``AnatomySource`` per trusted
-runtime directory (its readers stay connected, so a scrape drains what each hook pushed and takes the
-latest snapshot, as the monitor does) and one ``NvmlSource`` (device handles and the never-changing
-identity fields: name, UUID, bus id; every other field is read again on every scrape). A process that
+Nothing is kept from one scrape to the next but the connections and what never changes: one
+``AnatomySource`` per trusted runtime directory (its readers stay connected, so a scrape drains what each
+hook pushed and takes the latest snapshot, as the monitor does), one ``NvmlSource`` (device handles and
+the identity fields: name, UUID, bus id; every other field is read again on every scrape), and each
+hook socket's node PID (``peer``). A process that
 exits drops out of the next scrape: its series end. Scrapes are serialised (NVML and the sources are
 read by one thread at a time), and a failure of either side is a value — the other side still shows.
 """
@@ -22,6 +23,7 @@ from prometheus_client.core import Metric
 from tui.exporter import discovery
 from tui.exporter.families import Rank, Scrape, families, gpu_of
 from tui.exporter.identity import assign_keys, label_value, parent_pid
+from tui.exporter.peer import PeerPids
 from tui.sources.anatomy_source import ERROR, LIVE, AnatomySource, TrainingProcess
 from tui.sources.model import NvmlStatus
 from tui.sources.nvml import NvmlReading, NvmlSource
@@ -53,6 +55,7 @@ class NodeCollector:
         self._warn = warn
         self._ppid = ppid
         self._sources: dict[Path, tuple[AnatomySource, int]] = {}
+        self._peers = PeerPids()
         self._warned: set[tuple[Path, str]] = set()
         self._lock = threading.Lock()
         self._closed = False
@@ -81,11 +84,13 @@ class NodeCollector:
             for proc, _ in processes:
                 counts[proc.state] = counts.get(proc.state, 0) + 1
             live = [p for p, _ in processes if p.state == LIVE and p.hello is not None]
-            keys = assign_keys([p.hello for p in live if p.hello is not None], self._ppid)
+            self._peers.keep_only([p.path for p in live if p.path is not None])
+            node_pids = [self._peers.get(p.path) or p.pid for p in live]
+            keys = assign_keys([p.hello for p in live if p.hello is not None], self._ppid, node_pids)
             ranks = []
-            for key, proc in zip(keys, live, strict=True):
-                gpu, nvml_bytes = gpu_of(proc.pid, reading.gpus, reading.processes)
-                ranks.append(Rank(key=key, process=proc, gpu=gpu, nvml_bytes=nvml_bytes))
+            for key, proc, node_pid in zip(keys, live, node_pids, strict=True):
+                gpu, nvml_bytes = gpu_of(node_pid, reading.gpus, reading.processes)
+                ranks.append(Rank(key, proc, gpu=gpu, nvml_bytes=nvml_bytes, node_pid=node_pid))
             scrape = Scrape(
                 hostname=hostname,
                 nvml=reading.status,

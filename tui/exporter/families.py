@@ -30,6 +30,7 @@ RANK_LABELS = ("run_id", "rank")
 INFO_LABELS = (
     *RANK_LABELS,
     "pid",
+    "node_pid",
     "local_rank",
     "world_size",
     "hostname",
@@ -52,6 +53,7 @@ class Rank:
     process: TrainingProcess
     gpu: GpuInfo | None = None  # the GPU it trains on (NVML's largest entry for its PID)
     nvml_bytes: int | None = None  # NVML's memory figure for its PID on that GPU
+    node_pid: int | None = None  # its PID as this node numbers it (differs from hello.pid in a container)
 
 
 @dataclass(frozen=True)
@@ -177,6 +179,7 @@ def _info_labels(rank: Rank) -> tuple[str, ...]:
         rank.key.run_id,
         rank.key.rank,
         str(hello.pid),
+        str(rank.node_pid or hello.pid),
         "" if hello.local_rank is None else str(hello.local_rank),
         "" if hello.world_size is None else str(hello.world_size),
         label_value(hello.host),
@@ -191,7 +194,8 @@ def _info_labels(rank: Rank) -> tuple[str, ...]:
 def _rank_families(out: _Families, ranks: Sequence[Rank]) -> None:
     info = out.gauge(
         "anatomy_rank_info",
-        "One series per training process: its PID, GPU, model, optimizer and precision (value 1).",
+        "One series per training process: its PID (own and on the node), GPU, model, optimizer, "
+        "precision (value 1).",
         INFO_LABELS,
     )
     comp_labels = (*RANK_LABELS, "component")

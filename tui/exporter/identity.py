@@ -6,8 +6,9 @@ rank a new PID but keeps its job, and its series should go on. The job is torchr
 without a launcher, or torchrun's default id ``none`` that every launch without ``--rdzv-id`` shares —
 the exporter names the job after its launcher's PID on this node (``local-<ppid>``: torchrun's agent is
 the parent of all its local ranks) or, for a process without a rank, after the process itself
-(``local-<pid>``). Two live processes that would still carry the same pair get their PID appended to the
-run id (``<run_id>-pid<pid>``), so that no series is ever written twice in one scrape. Stdlib only.
+(``local-<pid>``); PIDs as the node numbers them (see ``peer``), not as a container does. Two live
+processes that would still carry the same pair get their PID appended to the run id
+(``<run_id>-pid<pid>``), so that no series is ever written twice in one scrape. Stdlib only.
 """
 
 from __future__ import annotations
@@ -53,25 +54,35 @@ class ProcessKey:
     rank: str
 
 
-def base_key(hello: Hello, ppid: Callable[[int], int | None] = parent_pid) -> ProcessKey:
+def base_key(
+    hello: Hello, ppid: Callable[[int], int | None] = parent_pid, node_pid: int | None = None
+) -> ProcessKey:
+    """``node_pid``: the process's PID on this node where it differs from the one it published (a
+    container's PID namespace); fallback names use it, since containers' own PIDs (1, 7...) collide."""
     rank = hello.rank if hello.rank is not None else hello.local_rank
     run_id = label_value(hello.run_id)
     if run_id in SHARED_RUN_IDS:
-        launcher = ppid(hello.pid) if hello.rank is not None or hello.local_rank is not None else None
-        run_id = f"local-{launcher if launcher else hello.pid}"
+        pid = node_pid or hello.pid
+        launcher = ppid(pid) if hello.rank is not None or hello.local_rank is not None else None
+        run_id = f"local-{launcher if launcher else pid}"
     return ProcessKey(run_id=run_id, rank=str(rank if rank is not None else 0))
 
 
-def assign_keys(hellos: Sequence[Hello], ppid: Callable[[int], int | None] = parent_pid) -> list[ProcessKey]:
+def assign_keys(
+    hellos: Sequence[Hello],
+    ppid: Callable[[int], int | None] = parent_pid,
+    node_pids: Sequence[int | None] | None = None,
+) -> list[ProcessKey]:
     """One unique key per hello, in the same order. Ties on (run_id, rank) go to the process that started
     first; the others get their PID appended to the run id."""
-    keys = [base_key(h, ppid) for h in hellos]
+    pids = list(node_pids) if node_pids is not None else [None] * len(hellos)
+    keys = [base_key(h, ppid, p) for h, p in zip(hellos, pids, strict=True)]
     owners: dict[ProcessKey, int] = {}
     for i in sorted(range(len(hellos)), key=lambda i: (hellos[i].started_at, hellos[i].pid)):
         owners.setdefault(keys[i], i)
     out: list[ProcessKey] = []
     for i, key in enumerate(keys):
         if owners[key] != i:
-            key = ProcessKey(run_id=f"{key.run_id}-pid{hellos[i].pid}", rank=key.rank)
+            key = ProcessKey(run_id=f"{key.run_id}-pid{pids[i] or hellos[i].pid}", rank=key.rank)
         out.append(key)
     return out
