@@ -244,7 +244,7 @@ def dashboard() -> dict[str, Any]:
                     f" * on(instance, run_id, rank) group_left(gpu_uuid) anatomy_rank_info{{{NODE}}},"
                     ' "UUID", "$1", "gpu_uuid", "(.+)"))'
                     " * on(instance, UUID) group_left(gpu)"
-                    f" max by (instance, UUID, gpu) (anatomy_gpu_up{{{NODE}}})",
+                    f" group by (instance, UUID, gpu) (anatomy_gpu_up{{{NODE}}})",
                     "{{instance}} GPU {{gpu}} anatomy",
                     "B",
                 ),

@@ -94,6 +94,23 @@ def test_explicit_dirs_cover_their_subdirectories(tmp_path: Path, monkeypatch: p
     assert rejected == []
 
 
+def test_a_sticky_shared_parent_is_not_read_but_its_private_subdirectories_are(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("ANATOMY_TOP_DIR", str(tmp_path / "absent"))
+    monkeypatch.setattr(discovery, "_every_users_dirs", list)
+    parent = _dir(tmp_path / "shared", 0o1777)  # like /tmp: anyone creates, nobody removes another's
+    pod = _dir(parent / "pod-a")
+    loose = _dir(parent / "pod-b", 0o777)
+    trusted, rejected = runtime_dirs([parent], euid=os.geteuid())
+    assert [d.path for d in trusted] == [pod]
+    assert [r.path for r in rejected] == [loose], "no warning for the sticky parent itself"
+    # Without the sticky bit, a world-writable parent is refused like any other.
+    os.chmod(parent, 0o777)
+    _, rejected = runtime_dirs([parent], euid=os.geteuid())
+    assert [r.path for r in rejected] == [parent, loose]
+
+
 def test_socket_owner_check(tmp_path: Path) -> None:
     f = tmp_path / "anatomy-1.sock"
     f.write_bytes(b"")

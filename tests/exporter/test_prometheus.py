@@ -27,12 +27,18 @@ from anatomy.protocol import Hello, Snapshot
 pytestmark = pytest.mark.slow
 
 REPO = Path(__file__).resolve().parents[2]
+RULES = REPO / "deploy" / "prometheus" / "anatomy-rules.yml"
+DASHBOARD = REPO / "deploy" / "grafana" / "anatomy-top.json"
+# Dashboard queries with nothing to show for this job: a CPU job has no MFU, and no GPU is lost.
+EMPTY_HERE = {"MFU per rank": "no MFU on CPU", "Uncorrected ECC errors, GPUs lost/B": "no GPU lost"}
 SMALL = ["--batch", "4", "--seq", "32", "--sample-every", "2", "--steps", "3", "--linger"]
 FIRST_SCRAPE_S = 60.0  # Prometheus' first scrape lands within a few seconds; allow for a loaded box
 CONFIG = """\
 global:
   scrape_interval: 1s
   scrape_timeout: 1s
+  evaluation_interval: 1s
+rule_files: ["{rules}"]
 scrape_configs:
   - job_name: anatomy
     static_configs:
@@ -107,7 +113,7 @@ class Stack:
         assert target is not None
         prom_port = _free_port()
         config = self.base / "prometheus.yml"
-        config.write_text(CONFIG.format(target=target.group(1)))
+        config.write_text(CONFIG.format(target=target.group(1), rules=RULES))
         started = time.monotonic()
         prom = self._start(
             [
@@ -200,6 +206,41 @@ def test_prometheus_stores_the_hooks_bytes(stack: Stack) -> None:
     assert gpu0["metric"]["UUID"].startswith("GPU-")
     (target,) = stack.query('up{job="anatomy"}')
     assert target["value"][1] == "1"
+
+
+def test_every_dashboard_query_is_answered(stack: Stack) -> None:
+    """Each panel's query, with the dashboard's variables at "All", against what Prometheus stored."""
+    stack.wait_for_series("anatomy_step_duration_seconds", FIRST_SCRAPE_S)
+    stack.wait_for_series("anatomy_op_group_duration_seconds", FIRST_SCRAPE_S)
+    board = json.loads(DASHBOARD.read_text())
+    answered = []
+    for panel in board["panels"]:
+        for t in panel.get("targets", []):
+            expr = t["expr"].replace("$instance", ".*").replace("$run_id", ".*").replace("$rank", ".*")
+            result = stack.query(expr)  # a query Prometheus rejects fails here
+            key = panel["title"] if t["refId"] == "A" else f"{panel['title']}/{t['refId']}"
+            if key in EMPTY_HERE:
+                assert result == [], key
+            else:
+                assert result, f"no data for panel {key!r}: {expr}"
+                answered.append(key)
+    assert len(answered) >= 14
+    for var in board["templating"]["list"]:
+        if var["type"] == "query":
+            selector, label = re.fullmatch(r"label_values\((.+), (\w+)\)", var["definition"]).groups()
+            result = stack.query(selector.replace("$instance", ".*").replace("$run_id", ".*"))
+            assert result and all(label in r["metric"] for r in result), var["name"]
+
+
+def test_the_alert_rules_evaluate_on_real_series(stack: Stack) -> None:
+    stack.wait_for_series("run_id:anatomy_step_duration_seconds:median", FIRST_SCRAPE_S)
+    with urllib.request.urlopen(f"{stack.prom_url}/api/v1/rules", timeout=10) as r:
+        groups = json.load(r)["data"]["groups"]
+    rules = [rule for g in groups for rule in g["rules"]]
+    assert len(rules) == 8
+    assert all(rule["health"] == "ok" and not rule.get("lastError") for rule in rules), rules
+    # A one-rank job is its own median: no straggler; a job that publishes is not stalled.
+    assert all(rule["state"] == "inactive" for rule in rules if rule["type"] == "alerting")
 
 
 def test_series_go_stale_when_the_job_exits(stack: Stack) -> None:

@@ -8,7 +8,9 @@ that user), so whoever can create a socket there is that user (or root). The exp
   ``<tmp>/anatomy-top-<uid>`` in the usual temporary directories), its own, and the ``--dir`` ones.
 
 Every ``--dir`` is read together with its immediate subdirectories: one shared parent (a host path
-mounted into each training container as ``ANATOMY_TOP_DIR=<parent>/<pod>``) covers a node.
+mounted into each training container as ``ANATOMY_TOP_DIR=<parent>/<pod>``) covers a node. Such a parent
+may be sticky and world-writable, like /tmp (``d /run/anatomy-top 1777``), so that non-root pods can
+create their own subdirectory: then only its subdirectories are read.
 
 A directory is trusted only if it is a real directory (not a link), writable by its owner alone, and
 owned by the user its name says (``anatomy-top-1000`` by uid 1000: anyone can create that name in
@@ -120,11 +122,22 @@ def candidates(extra: Sequence[Path], euid: int) -> list[Path]:
     return list(unique.values())
 
 
+def shared_parent(path: Path) -> bool:
+    """A sticky, world-writable directory (like /tmp): a place where each user's private subdirectory
+    lives, not one to read sockets from. Not worth a warning: its subdirectories are checked one by one."""
+    try:
+        st = path.lstat()
+    except OSError:
+        return False
+    return stat.S_ISDIR(st.st_mode) and bool(st.st_mode & stat.S_ISVTX) and bool(st.st_mode & stat.S_IWOTH)
+
+
 def runtime_dirs(
     extra: Sequence[Path] = (), euid: int | None = None
 ) -> tuple[list[RuntimeDir], list[Rejected]]:
     """The trusted directories to read now, and those refused (with why)."""
     euid = os.geteuid() if euid is None else euid
+    parents = {os.path.normpath(os.path.abspath(p)) for p in extra}
     trusted: list[RuntimeDir] = []
     rejected: list[Rejected] = []
     for path in candidates(extra, euid):
@@ -133,6 +146,8 @@ def runtime_dirs(
             if len(trusted) < MAX_DIRS:
                 trusted.append(verdict)
         elif verdict is not None:
+            if os.path.normpath(os.path.abspath(path)) in parents and shared_parent(path):
+                continue
             rejected.append(verdict)
     return trusted, rejected
 
