@@ -49,8 +49,9 @@ def test_hook_never_imports_textual() -> None:
 
 
 def test_data_layer_knows_no_widgets() -> None:
-    modules = [m for m in _modules("tui") if m.startswith(("tui.sources", "tui.simnvml", "tui.report"))]
-    assert "tui.sources.nvml" in modules
+    data_layer = ("tui.sources", "tui.simnvml", "tui.report", "tui.exporter")
+    modules = [m for m in _modules("tui") if m.startswith(data_layer)]
+    assert "tui.sources.nvml" in modules and "tui.exporter.collector" in modules
     assert _loaded_after_import(modules, ("textual", "tui.widgets", "tui.app")) == []
 
 

@@ -4,6 +4,7 @@
     anatomy-top --once [--json]     one nvidia-smi-style report (or one JSON document) and exit
     anatomy-top --demo              either of the above against a simulated 8-GPU box
     anatomy-top plan ...            pre-flight memory plan (anatomy.plan_cli)
+    anatomy-top exporter ...        the node's Prometheus endpoint (tui.exporter.server)
 
 Start-up matters for ``--once`` (people run it in loops and scripts): nothing is imported before it is
 needed. ``--once`` loads no Textual, no rich, no argparse for the common flags, no json for text, no
@@ -53,6 +54,8 @@ subcommands:
   plan MODEL [options]  pre-flight memory plan of a transformers model before training:
                         weights, optimizer states, gradients, activations, the largest batch
                         that fits (needs the 'train' extra; see '{PROG} plan --help')
+  exporter [options]    a Prometheus endpoint for this node's GPUs and training processes
+                        (needs the 'exporter' extra; see '{PROG} exporter --help')
 
 examples:
   {PROG}                        live monitor, refreshed {describe_interval(DEFAULT_INTERVAL)}
@@ -367,6 +370,12 @@ def run_plan(argv: Sequence[str]) -> int:
     return int(plan_main(list(argv)) or 0)
 
 
+def run_exporter(argv: Sequence[str]) -> int:
+    from tui.exporter.server import main as exporter_main
+
+    return exporter_main(list(argv))
+
+
 def run_monitor(args: Any, nvml_unavailable: str | None = None, starting_pid: int | None = None) -> int:
     """The live monitor: read NVML and draw the first frame from it, then load Textual and hand over."""
     from tui import first_frame
@@ -404,6 +413,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     if argv and argv[0] == "plan":
         return run_plan(argv[1:])
+    if argv and argv[0] == "exporter":
+        return run_exporter(argv[1:])
     args = parse_args(argv)  # bad input: argparse prints usage and exits 2
     stop: Callable[[], None] | None = None
     try:
