@@ -78,7 +78,7 @@ def test_scrape_holds_what_each_rank_published(
         }
         assert phases["forward"] == t.forward_s and phases["optimizer"] == t.optimizer_s
         assert sum(phases.values()) == pytest.approx(t.step_s, abs=1e-12)
-        assert one(series, "anatomy_steps_total", **key) == snap.step
+        assert one(series, "anatomy_steps_total", **key) == snap.step + 1
         assert one(series, "anatomy_samples_per_second", **key) == t.samples_per_s
         assert one(series, "anatomy_tokens_per_second", **key) == t.tokens_per_s
         assert one(series, "anatomy_mfu_ratio", **key) == snap.mfu

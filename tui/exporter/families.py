@@ -278,7 +278,7 @@ def _rank_families(out: _Families, ranks: Sequence[Rank]) -> None:
         if t.step_s is not None and all(p is not None for p in parts):
             rest = t.step_s - sum(p for p in parts if p is not None)
             _put(phase_time, (*key, "other"), max(rest, 0.0))
-        _put(steps, key, snap.step)
+        _put(steps, key, snap.step + 1)  # the snapshot carries the last step's 0-based index
         _put(samples, key, t.samples_per_s)
         _put(tokens, key, t.tokens_per_s)
         _put(mfu, key, snap.mfu)
