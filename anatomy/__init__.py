@@ -7,7 +7,8 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+# Not ``typing``: the monitor's --once imports this package (for anatomy.rundir) and must stay cheap.
+TYPE_CHECKING = False
 
 __all__ = ["AnatomyCallback", "Tracker", "track"]
 
@@ -16,7 +17,7 @@ if TYPE_CHECKING:
     from anatomy.hook.tracker import Tracker, track
 
 
-def __getattr__(name: str) -> Any:
+def __getattr__(name: str) -> object:
     if name in ("track", "Tracker"):
         from anatomy.hook import tracker
 

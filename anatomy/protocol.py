@@ -14,23 +14,42 @@ optional components (runtime, unsharded_parameters, inputs, communication_buffer
 from __future__ import annotations
 
 import contextlib
+import errno
 import json
 import math
 import os
 import re
 import socket
 import stat
-import tempfile
+import struct
 from collections.abc import Iterator, Mapping
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+# The hook and the monitor name the runtime directory through this module.
+from anatomy.rundir import runtime_dir as runtime_dir
+from anatomy.rundir import untrusted_reason as untrusted_reason
 from anatomy.vocabulary import Component, OpGroup, Phase
 
 PROTOCOL_VERSION = 2
 READABLE_VERSIONS = frozenset({1, 2})
 MAX_MESSAGE_BYTES = 256 * 1024
+# Physical bounds, checked at decode so that no view ever formats a number it cannot hold (a valid JSON
+# integer may have 4,300 digits; 1e309 would overflow every float conversion downstream).
+MAX_INT = 2**62
+MAX_BYTES = 2**56  # 64 PiB: more memory than any process holds
+MAX_FLOAT = 1e30
+MAX_SECONDS = 1e7  # a step, a phase, an op group: under four months
+MAX_EPOCH_S = 1e11  # a wall-clock time: before the year 5000
+MAX_RATE = 1e15  # samples or tokens per second
+MAX_TFLOPS = 1e9
+MAX_MFU = 10.0  # a ratio; above 1 only when a GPU's peak is mis-tabled, never 10x
+MAX_BYTES_PER_PARAM = 1e6
+MAX_SPEED_FACTOR = 1e3
+# A reader's poll takes at most this much from one socket, so a flooding peer cannot stall a monitor:
+# the rest waits for the next poll (only the latest snapshot matters anyway).
+POLL_BUDGET_BYTES = 4 * MAX_MESSAGE_BYTES
 SOCKET_SUFFIX = ".sock"
 OOM_SUFFIX = ".oom.json"
 _NAME_RE = re.compile(r"^anatomy-(\d+)(?:-([A-Za-z0-9_.]+))?$")
@@ -42,26 +61,6 @@ class ProtocolError(ValueError):
 
 # ---------------------------------------------------------------------------------------------
 # Runtime directory and socket names
-
-
-def runtime_dir(create: bool = False) -> Path:
-    """The private directory holding the hooks' sockets: $ANATOMY_TOP_DIR, else
-    $XDG_RUNTIME_DIR/anatomy-top, else <tempdir>/anatomy-top-<uid>. Created 0700 on request."""
-    explicit = os.environ.get("ANATOMY_TOP_DIR")
-    if explicit:
-        path = Path(explicit)
-    elif os.environ.get("XDG_RUNTIME_DIR"):
-        path = Path(os.environ["XDG_RUNTIME_DIR"]) / "anatomy-top"
-    else:
-        path = Path(tempfile.gettempdir()) / f"anatomy-top-{os.getuid()}"
-    if create:
-        path.mkdir(mode=0o700, parents=True, exist_ok=True)
-        st = path.lstat()
-        if not stat.S_ISDIR(st.st_mode) or st.st_uid != os.getuid():
-            raise PermissionError(f"{path} is not a directory owned by uid {os.getuid()}")
-        if stat.S_IMODE(st.st_mode) != 0o700:
-            os.chmod(path, 0o700)
-    return path
 
 
 def socket_name(pid: int, tag: str | None = None) -> str:
@@ -110,33 +109,45 @@ def _listening(path: Path) -> bool:
 
 
 def discover(directory: Path | None = None, clean_stale: bool = True) -> list[Path]:
-    """Sockets of live training processes, sorted by PID. Sockets whose process is gone are
-    removed when ``clean_stale`` (a hook killed with SIGKILL cannot remove its own). A socket whose
+    """Sockets of live training processes, sorted by PID. Only sockets count (a file, FIFO or link with
+    a socket's name is ignored). Sockets whose process is gone are removed when ``clean_stale`` (a hook
+    killed with SIGKILL cannot remove its own), and only when they belong to this user. A socket whose
     PID is not ours to see but which still accepts connections (another PID namespace) is kept."""
     directory = directory if directory is not None else runtime_dir()
     found: list[tuple[int, Path]] = []
     try:
-        entries = list(directory.iterdir())
+        entries = list(os.scandir(directory))
     except OSError:
         return []
+    euid = os.geteuid()
     for entry in entries:
-        pid = pid_from_path(entry)
-        if pid is None or not entry.name.endswith(SOCKET_SUFFIX):
+        if not entry.name.endswith(SOCKET_SUFFIX):
             continue
+        pid = pid_from_path(entry.name)
+        if pid is None:
+            continue
+        try:
+            st = entry.stat(follow_symlinks=False)
+        except OSError:
+            continue
+        if not stat.S_ISSOCK(st.st_mode):
+            continue
+        path = Path(entry.path)
         if not pid_alive(pid):
-            if _listening(entry):  # a live hook in another PID namespace (a container sharing the dir)
-                found.append((pid, entry))
+            if _listening(path):  # a live hook in another PID namespace (a container sharing the dir)
+                found.append((pid, path))
                 continue
-            if clean_stale:
+            if clean_stale and st.st_uid == euid:
                 with contextlib.suppress(OSError):
-                    entry.unlink()
+                    path.unlink()
             continue
-        found.append((pid, entry))
+        found.append((pid, path))
     return [p for _, p in sorted(found)]
 
 
 def discover_oom(directory: Path | None = None) -> list[Path]:
-    """Last-snapshot files written by hooks whose process died of out-of-memory."""
+    """Last-snapshot files written by hooks whose process died of out-of-memory (names only: what is
+    behind a name is checked when it is read)."""
     directory = directory if directory is not None else runtime_dir()
     try:
         return sorted(p for p in directory.iterdir() if p.name.endswith(OOM_SUFFIX))
@@ -247,7 +258,18 @@ class Snapshot:
     type: str = "snapshot"
 
 
-Message = Hello | Snapshot
+@dataclass(frozen=True)
+class Busy:
+    """Sent instead of a hello by a hook that already serves its limit of readers, just before it closes
+    the connection: the reader says "busy" (not "exited") and tries again soon."""
+
+    readers: int
+    limit: int
+    protocol: int = PROTOCOL_VERSION
+    type: str = "busy"
+
+
+Message = Hello | Snapshot | Busy
 
 
 def to_dict(msg: Message) -> dict[str, Any]:
@@ -288,6 +310,8 @@ def _req(d: Mapping[str, Any], key: str, kind: type | tuple[type, ...], nullable
         raise ProtocolError(f"field {key!r}: expected {kind}, got {type(value).__name__}")
     if isinstance(value, float) and not math.isfinite(value):
         raise ProtocolError(f"field {key!r}: not finite")
+    if isinstance(value, int) and not isinstance(value, bool) and abs(value) > MAX_INT:
+        raise ProtocolError(f"field {key!r}: {str(value)[:20]}... is out of range")
     if (
         isinstance(value, int)
         and not isinstance(value, bool)
@@ -303,9 +327,27 @@ def _req(d: Mapping[str, Any], key: str, kind: type | tuple[type, ...], nullable
 _NUM = (int, float)
 
 
-def _opt_num(d: Mapping[str, Any], key: str) -> float | None:
+def _opt_num(d: Mapping[str, Any], key: str, limit: float = MAX_FLOAT) -> float | None:
     v = _req(d, key, _NUM, nullable=True)
-    return None if v is None else float(v)
+    if v is None:
+        return None
+    if v > limit:
+        raise ProtocolError(f"field {key!r}: {v:.3g} is beyond {limit:g}")
+    return float(v)
+
+
+def _num(d: Mapping[str, Any], key: str, limit: float) -> float:
+    v = _opt_num(d, key, limit)
+    if v is None:
+        raise ProtocolError(f"field {key!r}: null")
+    return v
+
+
+def _bytes(d: Mapping[str, Any], key: str, nullable: bool = True) -> int | None:
+    v = _req(d, key, int, nullable=nullable)
+    if v is not None and v > MAX_BYTES:
+        raise ProtocolError(f"field {key!r}: {v} bytes is beyond {MAX_BYTES}")
+    return v
 
 
 def _hello_from(d: Mapping[str, Any]) -> Hello:
@@ -318,14 +360,14 @@ def _hello_from(d: Mapping[str, Any]) -> Hello:
         model_class=_req(d, "model_class", str),
         parameter_count=_req(d, "parameter_count", int),
         torch_version=_req(d, "torch_version", str),
-        started_at=float(_req(d, "started_at", _NUM)),
+        started_at=_num(d, "started_at", MAX_EPOCH_S),
         rank=_req(d, "rank", int, nullable=True),
         local_rank=_req(d, "local_rank", int, nullable=True),
         world_size=_req(d, "world_size", int, nullable=True),
         dtype=_req(d, "dtype", str, nullable=True) or "float32",
         optimizer_class=_req(d, "optimizer_class", str, nullable=True) or "",
         device_name=_req(d, "device_name", str, nullable=True),
-        device_memory_bytes=_req(d, "device_memory_bytes", int, nullable=True),
+        device_memory_bytes=_bytes(d, "device_memory_bytes"),
         vocab_size=_req(d, "vocab_size", int, nullable=True),
         tf32=_req(d, "tf32", bool, nullable=True),
         run_id=_req(d, "run_id", str, nullable=True),
@@ -352,19 +394,26 @@ def _keyed(
 
 def _snapshot_from(d: Mapping[str, Any]) -> Snapshot:
     memory_raw = _keyed(d, "memory", _COMPONENT_KEYS) or {}
-    memory = {k: _req(memory_raw, k, int, nullable=True) for k in memory_raw}
+    memory = {k: _bytes(memory_raw, k) for k in memory_raw}
     at_peak_raw = _keyed(d, "at_peak", _COMPONENT_KEYS, nullable=True)
     at_peak = None
     if at_peak_raw is not None:
-        at_peak = {k: _req(at_peak_raw, k, int, nullable=True) for k in at_peak_raw}
+        at_peak = {k: _bytes(at_peak_raw, k) for k in at_peak_raw}
     expected_raw = _keyed(d, "expected_bytes_per_param", _COMPONENT_KEYS) or {}
-    expected = {k: _opt_num(expected_raw, k) for k in expected_raw}
+    expected = {k: _opt_num(expected_raw, k, MAX_BYTES_PER_PARAM) for k in expected_raw}
     cuda_raw = _req(d, "cuda", dict, nullable=True)
     cuda = None
     if cuda_raw is not None:
-        cuda = CudaMemory(**{k: _req(cuda_raw, k, int) for k in CudaMemory.__dataclass_fields__})
+        cuda = CudaMemory(
+            **{k: _bytes(cuda_raw, k, nullable=False) or 0 for k in CudaMemory.__dataclass_fields__}
+        )
     timing_raw = _req(d, "timing", dict, nullable=True) or {}
-    timing = Timing(**{k: _opt_num(timing_raw, k) for k in Timing.__dataclass_fields__})
+    timing = Timing(
+        **{
+            k: _opt_num(timing_raw, k, MAX_RATE if k.endswith("_per_s") else MAX_SECONDS)
+            for k in Timing.__dataclass_fields__
+        }
+    )
     groups_raw = _keyed(d, "op_groups", _OPGROUP_KEYS, nullable=True)
     groups = None
     if groups_raw is not None:
@@ -372,7 +421,7 @@ def _snapshot_from(d: Mapping[str, Any]) -> Snapshot:
         for k, v in groups_raw.items():
             if not isinstance(v, dict):
                 raise ProtocolError(f"op_groups[{k!r}] is not an object")
-            groups[k] = OpGroupStat(flops=_opt_num(v, "flops"), time_s=_opt_num(v, "time_s"))
+            groups[k] = OpGroupStat(flops=_opt_num(v, "flops"), time_s=_opt_num(v, "time_s", MAX_SECONDS))
     phase = _req(d, "peak_phase", str, nullable=True)
     if phase is not None and phase not in _PHASE_KEYS:
         raise ProtocolError(f"unknown peak_phase {phase!r}")
@@ -389,27 +438,27 @@ def _snapshot_from(d: Mapping[str, Any]) -> Snapshot:
                 title=_req(s, "title", str),
                 detail=_req(s, "detail", str),
                 source=_req(s, "source", str),
-                saving_bytes=_req(s, "saving_bytes", int, nullable=True),
-                speed_factor=_opt_num(s, "speed_factor"),
+                saving_bytes=_bytes(s, "saving_bytes"),
+                speed_factor=_opt_num(s, "speed_factor", MAX_SPEED_FACTOR),
             )
         )
     return Snapshot(
         pid=_req(d, "pid", int),
         seq=_req(d, "seq", int),
-        time=float(_req(d, "time", _NUM)),
+        time=_num(d, "time", MAX_EPOCH_S),
         step=_req(d, "step", int),
         memory=memory,
         expected_bytes_per_param=expected,
         parameter_count=_req(d, "parameter_count", int),
-        peak_bytes=_req(d, "peak_bytes", int, nullable=True),
+        peak_bytes=_bytes(d, "peak_bytes"),
         peak_phase=phase,
         memory_source=_req(d, "memory_source", str, nullable=True) or "none",
         cuda=cuda,
         timing=timing,
         op_groups=groups,
         op_groups_step=_req(d, "op_groups_step", int, nullable=True),
-        achieved_tflops=_opt_num(d, "achieved_tflops"),
-        mfu=_opt_num(d, "mfu"),
+        achieved_tflops=_opt_num(d, "achieved_tflops", MAX_TFLOPS),
+        mfu=_opt_num(d, "mfu", MAX_MFU),
         grad_accum_steps=_req(d, "grad_accum_steps", int, nullable=True) or 1,
         suggestions=suggestions,
         error=_req(d, "error", str, nullable=True),
@@ -429,19 +478,27 @@ def from_dict(d: Any) -> Message:
     if version not in READABLE_VERSIONS:
         raise ProtocolError(f"protocol version {version} (this reader speaks {sorted(READABLE_VERSIONS)})")
     kind = d.get("type")
-    if kind == "hello":
-        return _hello_from(d)
-    if kind == "snapshot":
-        return _snapshot_from(d)
-    raise ProtocolError(f"unknown message type {kind!r}")
+    try:
+        if kind == "hello":
+            return _hello_from(d)
+        if kind == "snapshot":
+            return _snapshot_from(d)
+        if kind == "busy":
+            return Busy(readers=_req(d, "readers", int), limit=_req(d, "limit", int))
+    except ProtocolError:
+        raise
+    except Exception as exc:  # whatever a hostile value makes a constructor do is still a bad message
+        raise ProtocolError(f"invalid {kind} message: {type(exc).__name__}: {str(exc)[:200]}") from None
+    raise ProtocolError(f"unknown message type {str(kind)[:40]!r}")
 
 
 def decode(line: bytes) -> Message:
+    """One message from one line; anything wrong with it, of any kind, is a ProtocolError."""
     if len(line) > MAX_MESSAGE_BYTES:
         raise ProtocolError(f"message of {len(line)} bytes exceeds {MAX_MESSAGE_BYTES}")
     try:
         data = json.loads(line)
-    except (ValueError, RecursionError) as exc:
+    except (ValueError, RecursionError, MemoryError) as exc:
         # ValueError covers bad UTF-8, bad JSON and integers past Python's digit limit;
         # RecursionError a deeply nested line: a hostile or broken peer must not crash the reader.
         raise ProtocolError(f"not JSON: {str(exc)[:200]}") from None
@@ -452,15 +509,42 @@ def decode(line: bytes) -> Message:
 # Reader
 
 
+@dataclass(frozen=True)
+class Peer:
+    """Who serves a socket, in the kernel's words (``SO_PEERCRED``): its PID as this process's PID
+    namespace numbers it (0 when the server lives where we cannot see), its uid and gid."""
+
+    pid: int
+    uid: int
+    gid: int
+
+
+_UCRED = struct.Struct("3i")
+
+
+def peer_of(sock: socket.socket) -> Peer | None:
+    """The credentials of a connected Unix socket's other end (None where the platform has none)."""
+    option = getattr(socket, "SO_PEERCRED", None)
+    if option is None:
+        return None
+    try:
+        pid, uid, gid = _UCRED.unpack(sock.getsockopt(socket.SOL_SOCKET, option, _UCRED.size))
+    except OSError:
+        return None
+    return Peer(pid, uid, gid)
+
+
 class Reader:
-    """A client of one hook socket. Non-blocking after connect: ``poll()`` drains what arrived and
-    keeps the latest snapshot. Raises ProtocolError on anything invalid (then close it)."""
+    """A client of one hook socket. Non-blocking after connect: ``poll()`` drains what arrived (at most
+    POLL_BUDGET_BYTES per call) and keeps the latest snapshot. Raises ProtocolError on anything
+    invalid (then close it). ``peer``: who serves the socket, from the kernel."""
 
     def __init__(self, path: Path | str, timeout: float = 1.0) -> None:
         self.path = Path(path)
         self.pid = pid_from_path(self.path)
         self.hello: Hello | None = None
         self.snapshot: Snapshot | None = None
+        self.busy: Busy | None = None
         self.closed = False
         self._buf = bytearray()
         self._sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
@@ -471,6 +555,7 @@ class Reader:
             self._sock.close()
             raise
         self._sock.setblocking(False)
+        self.peer = peer_of(self._sock)
 
     def _connect(self, timeout: float) -> None:
         import time
@@ -501,12 +586,14 @@ class Reader:
             del self._buf[: nl + 1]
             yield decode(line)
 
-    def poll(self) -> bool:
-        """Read everything available. Returns True if anything new arrived; on EOF sets closed."""
+    def poll(self, budget_bytes: int = POLL_BUDGET_BYTES) -> bool:
+        """Read what is available, up to ``budget_bytes``. Returns True if anything new arrived; on EOF
+        sets closed. A peer that sends more than the budget between polls is read on later polls."""
         got = False
-        while not self.closed:
+        taken = 0
+        while not self.closed and taken < budget_bytes:
             try:
-                chunk = self._sock.recv(65536)
+                chunk = self._sock.recv(min(65536, budget_bytes - taken))
             except (BlockingIOError, InterruptedError):
                 break
             except OSError:
@@ -515,10 +602,13 @@ class Reader:
             if not chunk:
                 self.closed = True
                 break
+            taken += len(chunk)
             self._buf += chunk
             for msg in self._messages():
                 got = True
-                if isinstance(msg, Hello):
+                if isinstance(msg, Busy):
+                    self.busy = msg
+                elif isinstance(msg, Hello):
                     self.hello = msg
                 elif self.hello is None:
                     raise ProtocolError("snapshot before hello")
@@ -556,22 +646,60 @@ class Reader:
 
 
 def write_oom_file(directory: Path, hello: Hello, snapshot: Snapshot) -> Path:
-    """Two lines, hello then the last snapshot (with ``oom`` set); written atomically, 0600."""
+    """Two lines, hello then the last snapshot (with ``oom`` set); written atomically, 0600. A failed
+    write (a full disk) leaves nothing behind: no empty or partial file."""
     path = oom_path(directory, hello.pid)
     data = encode(hello) + encode(snapshot)  # before touching the disk: no half-written file
     tmp = path.with_name(path.name + ".tmp")
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-    with os.fdopen(fd, "wb") as f:
-        f.write(data)
-    os.replace(tmp, path)
+    with contextlib.suppress(FileNotFoundError):
+        if not stat.S_ISREG(tmp.lstat().st_mode):
+            raise FileExistsError(f"{tmp} exists and is not a regular file")
+    try:
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            tmp.unlink()
+        raise
     return path
+
+
+def read_small_file(path: Path | str, limit: int) -> bytes:
+    """The bytes of a regular file of at most ``limit`` bytes. Never follows a link, never blocks on a
+    FIFO or device, never reads more than ``limit + 1`` bytes: whatever was planted under the name."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+    except OSError as exc:
+        if exc.errno == errno.ELOOP:
+            raise ProtocolError(f"{path} is a symbolic link") from None
+        raise
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            raise ProtocolError(f"{path} is not a regular file")
+        if st.st_size > limit:
+            raise ProtocolError(f"{path} is larger than {limit} bytes")
+        chunks: list[bytes] = []
+        left = limit + 1
+        while left > 0:
+            chunk = os.read(fd, left)
+            if not chunk:
+                break
+            chunks.append(chunk)
+            left -= len(chunk)
+        data = b"".join(chunks)
+    finally:
+        os.close(fd)
+    if len(data) > limit:
+        raise ProtocolError(f"{path} is larger than {limit} bytes")
+    return data
 
 
 def read_oom_file(path: Path | str) -> tuple[Hello, Snapshot]:
     """The hello and last snapshot a hook wrote when its process died of out-of-memory."""
-    raw = Path(path).read_bytes()
-    if len(raw) > 2 * MAX_MESSAGE_BYTES:
-        raise ProtocolError(f"{path} is larger than two messages")
+    raw = read_small_file(path, 2 * MAX_MESSAGE_BYTES)
     lines = [ln for ln in raw.split(b"\n") if ln.strip()]
     if len(lines) != 2:
         raise ProtocolError(f"{path} must hold a hello and a snapshot")

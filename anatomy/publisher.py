@@ -25,6 +25,7 @@ from pathlib import Path
 
 from anatomy import protocol
 from anatomy.protocol import Hello, Snapshot
+from anatomy.rundir import ensure_private_dir
 
 log = logging.getLogger("anatomy")
 
@@ -101,6 +102,7 @@ class Publisher:
         self._directory = Path(directory) if directory is not None else None
         self._owner_pid = os.getpid()
         self._path: Path | None = None
+        self._bound: tuple[int, int] | None = None  # (device, inode) of the socket we bound
         self._latest: Snapshot | None = None
         self._listener: socket.socket | None = None
         self._wake_r: socket.socket | None = None
@@ -221,14 +223,7 @@ class Publisher:
         if self._directory is None:
             self._directory = protocol.runtime_dir(create=True)
             return self._directory
-        directory = self._directory
-        directory.mkdir(mode=0o700, parents=True, exist_ok=True)
-        st = directory.lstat()
-        if not stat.S_ISDIR(st.st_mode) or st.st_uid != os.getuid():
-            raise PermissionError(f"{directory} is not a directory owned by uid {os.getuid()}")
-        if stat.S_IMODE(st.st_mode) != 0o700:
-            os.chmod(directory, 0o700)
-        return directory
+        return ensure_private_dir(self._directory)
 
     def _claim_path(self, directory: Path) -> Path:
         """``anatomy-<pid>.sock``; a second publisher in the same process gets ``anatomy-<pid>-<n>``."""
@@ -247,20 +242,24 @@ class Publisher:
         # A file with our name belongs to a dead process whose PID we reuse (we are alive and no
         # other publisher of ours holds the name): replace it.
         with contextlib.suppress(FileNotFoundError):
-            if path.is_dir() and not path.is_symlink():
-                raise FileExistsError(f"{path} is a directory")
+            st = path.lstat()
+            if not stat.S_ISSOCK(st.st_mode) or st.st_uid != os.geteuid():
+                # Only a socket of ours is a dead hook's leftover: anything else is not ours to delete.
+                raise FileExistsError(f"{path} exists and is not a socket of this user")
             path.unlink()
         listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         try:
             listener.bind(str(path))
             # The directory is 0700, so nobody else can reach the socket before this chmod.
             os.chmod(path, 0o600)
+            self._bound = _file_identity(path)
             listener.listen(128)
             listener.setblocking(False)
         except Exception:
             listener.close()
-            with contextlib.suppress(OSError):
-                path.unlink()
+            if self._bound is not None and _file_identity(path) == self._bound:
+                with contextlib.suppress(OSError):
+                    path.unlink()
             raise
         self._listener = listener
 
@@ -368,6 +367,11 @@ class Publisher:
                 self._log_once("accept", "anatomy-top: accept failed (%s)", exc)
                 return
             if len(self._readers) >= MAX_READERS:
+                # Say why before hanging up, so that monitor shows "busy", not "exited". One small write
+                # into a fresh socket's empty buffer: never blocks.
+                with contextlib.suppress(OSError):
+                    sock.setblocking(False)
+                    sock.send(self._busy_line(), _SEND_FLAGS)
                 sock.close()
                 continue
             sock.setblocking(False)
@@ -383,6 +387,10 @@ class Publisher:
             self._reader_count = len(self._readers)
             self._selector.register(sock, selectors.EVENT_READ | selectors.EVENT_WRITE, reader)
             self._write(reader)
+
+    def _busy_line(self) -> bytes:
+        busy = protocol.Busy(readers=len(self._readers), limit=MAX_READERS)
+        return protocol.encode(busy, validate=False)
 
     def _read(self, reader: _Reader) -> None:
         try:
@@ -456,8 +464,10 @@ class Publisher:
         self._selector = None
         path = self._path
         if path is not None:
-            with contextlib.suppress(OSError):
-                path.unlink()
+            # Only the socket we bound: something else may have replaced it since (never ours to remove).
+            if self._bound is not None and _file_identity(path) == self._bound:
+                with contextlib.suppress(OSError):
+                    path.unlink()
             with _TAKEN_LOCK:
                 _TAKEN_PATHS.discard(path)
         self._reader_count = 0
@@ -485,6 +495,14 @@ class Publisher:
         if key not in self._logged:
             self._logged.add(key)
             log.warning(message, *args)
+
+
+def _file_identity(path: Path) -> tuple[int, int] | None:
+    try:
+        st = path.lstat()
+    except OSError:
+        return None
+    return st.st_dev, st.st_ino
 
 
 def _after_fork_in_child() -> None:

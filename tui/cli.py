@@ -225,15 +225,9 @@ def _may_have_publishers() -> bool:
     Looks for any ``anatomy-*`` entry in every directory ``anatomy.protocol.runtime_dir`` could pick
     (a superset: a false "maybe" only costs the imports; a false "no" would hide a training process).
     """
-    explicit = os.environ.get("ANATOMY_TOP_DIR")
-    if explicit:
-        candidates = [explicit]
-    else:
-        candidates = []
-        if os.environ.get("XDG_RUNTIME_DIR"):
-            candidates.append(os.path.join(os.environ["XDG_RUNTIME_DIR"], "anatomy-top"))
-        temps = [os.environ.get(k) for k in ("TMPDIR", "TEMP", "TMP")] + ["/tmp", "/var/tmp", "/usr/tmp"]
-        candidates += [os.path.join(t, f"anatomy-top-{os.getuid()}") for t in temps if t]
+    from anatomy.rundir import candidate_dirs
+
+    candidates = candidate_dirs()
     for directory in candidates:
         try:
             with os.scandir(directory) as entries:

@@ -293,14 +293,36 @@ def _dead_pid() -> int:
     return proc.pid
 
 
+def _socket_file(path: Path) -> None:
+    """A socket file nobody listens on (what a hook killed with SIGKILL leaves)."""
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    sock.bind(str(path))
+    sock.close()
+
+
 def test_discover_keeps_live_sockets_and_removes_stale_ones(short_dir: Path) -> None:
     live = short_dir / protocol.socket_name(os.getpid())
     stale = short_dir / protocol.socket_name(_dead_pid())
     unrelated = short_dir / "notes.txt"
-    for p in (live, stale, unrelated):
-        p.write_text("")
+    for p in (live, stale):
+        _socket_file(p)
+    unrelated.write_text("")
     assert protocol.discover(short_dir) == [live]
     assert not stale.exists() and unrelated.exists()
+
+
+def test_discover_ignores_and_never_removes_what_is_not_a_socket(short_dir: Path) -> None:
+    # Regular files, FIFOs and links planted under a socket's name: not publishers, and not ours to delete.
+    live_file = short_dir / protocol.socket_name(os.getpid())
+    live_file.write_text("")
+    stale_file = short_dir / protocol.socket_name(_dead_pid())
+    stale_file.write_text("precious")
+    fifo = short_dir / protocol.socket_name(1)
+    os.mkfifo(fifo)
+    link = short_dir / protocol.socket_name(os.getppid())
+    link.symlink_to(live_file)
+    assert protocol.discover(short_dir) == []
+    assert stale_file.read_text() == "precious" and fifo.exists() and link.is_symlink()
 
 
 def test_discover_keeps_a_listening_socket_whose_pid_it_cannot_see(short_dir: Path) -> None:

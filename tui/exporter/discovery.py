@@ -29,6 +29,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from anatomy import protocol
+from anatomy.rundir import untrusted_reason
 
 RUN_USER = Path("/run/user")
 TEMP_DIRS: tuple[str, ...] = ("/tmp", "/var/tmp")
@@ -62,24 +63,23 @@ def _expected_owner(path: Path) -> int | None:
 
 
 def check_dir(path: Path, euid: int) -> RuntimeDir | Rejected | None:
-    """Whether ``path`` may be read by an exporter running as ``euid`` (None: it does not exist)."""
+    """Whether ``path`` may be read by an exporter running as ``euid`` (None: it does not exist). The
+    generic rules are the monitor's (``anatomy.rundir.untrusted_reason``); the name's uid and root's
+    reach are the exporter's."""
     try:
         st = path.lstat()
     except FileNotFoundError:
         return None
     except OSError as exc:
         return Rejected(path, f"cannot stat: {exc.strerror or exc}")
-    if stat.S_ISLNK(st.st_mode):
-        return Rejected(path, "is a symbolic link")
-    if not stat.S_ISDIR(st.st_mode):
-        return Rejected(path, "is not a directory")
-    if st.st_mode & (stat.S_IWGRP | stat.S_IWOTH):
-        return Rejected(path, f"is writable by others (mode {stat.S_IMODE(st.st_mode):o})")
     expected = _expected_owner(path)
-    if expected is not None and st.st_uid != expected:
+    if expected is not None and st.st_uid != expected and not stat.S_ISLNK(st.st_mode):
         return Rejected(path, f"is owned by uid {st.st_uid}, its name says uid {expected}")
-    if euid != 0 and st.st_uid != euid:
+    if euid != 0 and st.st_uid != euid and not stat.S_ISLNK(st.st_mode):
         return Rejected(path, f"belongs to uid {st.st_uid}: only root reads other users' sockets")
+    reason = untrusted_reason(path, owner=st.st_uid)
+    if reason is not None:
+        return Rejected(path, reason.removeprefix(f"{path} "))
     return RuntimeDir(path, st.st_uid)
 
 
