@@ -50,6 +50,7 @@ MAX_SPEED_FACTOR = 1e3
 # A reader's poll takes at most this much from one socket, so a flooding peer cannot stall a monitor:
 # the rest waits for the next poll (only the latest snapshot matters anyway).
 POLL_BUDGET_BYTES = 4 * MAX_MESSAGE_BYTES
+POLL_BUDGET_S = 0.025
 SOCKET_SUFFIX = ".sock"
 OOM_SUFFIX = ".oom.json"
 _NAME_RE = re.compile(r"^anatomy-(\d+)(?:-([A-Za-z0-9_.]+))?$")
@@ -586,12 +587,16 @@ class Reader:
             del self._buf[: nl + 1]
             yield decode(line)
 
-    def poll(self, budget_bytes: int = POLL_BUDGET_BYTES) -> bool:
-        """Read what is available, up to ``budget_bytes``. Returns True if anything new arrived; on EOF
-        sets closed. A peer that sends more than the budget between polls is read on later polls."""
+    def poll(self, budget_bytes: int = POLL_BUDGET_BYTES, budget_s: float = POLL_BUDGET_S) -> bool:
+        """Read what is available, up to ``budget_bytes`` and for about ``budget_s``. Returns True if
+        anything new arrived; on EOF sets closed. What a peer sends beyond the budget between two polls
+        is read on later polls."""
+        import time
+
         got = False
         taken = 0
-        while not self.closed and taken < budget_bytes:
+        deadline = time.monotonic() + budget_s
+        while not self.closed and taken < budget_bytes and time.monotonic() < deadline:
             try:
                 chunk = self._sock.recv(min(65536, budget_bytes - taken))
             except (BlockingIOError, InterruptedError):

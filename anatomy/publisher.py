@@ -232,7 +232,7 @@ class Publisher:
             n = 0
             while True:
                 path = directory / protocol.socket_name(pid, str(n) if n else None)
-                if path not in _TAKEN_PATHS:
+                if path not in _TAKEN_PATHS and not _foreign_file(path):
                     _TAKEN_PATHS.add(path)
                     self._path = path
                     return path
@@ -495,6 +495,15 @@ class Publisher:
         if key not in self._logged:
             self._logged.add(key)
             log.warning(message, *args)
+
+
+def _foreign_file(path: Path) -> bool:
+    """Something at ``path`` that is not a socket of ours: not ours to replace, so take the next name."""
+    try:
+        st = path.lstat()
+    except OSError:
+        return False
+    return not stat.S_ISSOCK(st.st_mode) or st.st_uid != os.geteuid()
 
 
 def _file_identity(path: Path) -> tuple[int, int] | None:

@@ -128,8 +128,17 @@ class FakeRank:
     """A rank in its own process (tests/exporter/fake_rank.py): socket server, published PID and NVML
     PID are one process, as with a real hook."""
 
-    def __init__(self, directory: Path, hello: Hello, snapshot: Snapshot | None, every: float = 0.0) -> None:
-        args = [sys.executable, str(FAKE_RANK), str(directory)] + (["--every", str(every)] if every else [])
+    def __init__(
+        self,
+        directory: Path,
+        hello: Hello,
+        snapshot: Snapshot | None,
+        every: float = 0.0,
+        wrap: tuple[str, ...] = (),
+    ) -> None:
+        """``wrap``: a command that runs the rank (e.g. ``unshare --pid --fork``: a rank in a container)."""
+        args = [*wrap, sys.executable, str(FAKE_RANK), str(directory)]
+        args += ["--every", str(every)] if every else []
         self.proc = subprocess.Popen(args, stdin=subprocess.PIPE, stdout=subprocess.PIPE)
         self.pid = self.proc.pid
         assert self.proc.stdin is not None and self.proc.stdout is not None
@@ -163,9 +172,13 @@ def ranks() -> Iterator[Callable[..., FakeRank]]:
     started: list[FakeRank] = []
 
     def start(
-        directory: Path, hello: Hello, snapshot: Snapshot | None = None, every: float = 0.0
+        directory: Path,
+        hello: Hello,
+        snapshot: Snapshot | None = None,
+        every: float = 0.0,
+        wrap: tuple[str, ...] = (),
     ) -> FakeRank:
-        rank = FakeRank(directory, hello, snapshot, every)
+        rank = FakeRank(directory, hello, snapshot, every, wrap)
         started.append(rank)
         return rank
 

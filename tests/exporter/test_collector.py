@@ -5,6 +5,8 @@ prometheus_client's parser; series are unique, N/A is absent, and a process that
 from __future__ import annotations
 
 import os
+import shutil
+import subprocess
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -188,22 +190,38 @@ def test_series_stay_unique_when_jobs_share_a_run_id_and_rank(
     assert len(pick(series, "anatomy_memory_bytes", component="weights")) == 2
 
 
+def _can_unshare_pid() -> bool:
+    if shutil.which("unshare") is None:
+        return False
+    probe = subprocess.run(["unshare", "--pid", "--fork", "true"], capture_output=True, timeout=10)
+    return probe.returncode == 0
+
+
+def _only_child(pid: int) -> int:
+    children = Path(f"/proc/{pid}/task/{pid}/children").read_text().split()
+    assert len(children) == 1, children
+    return int(children[0])
+
+
 def test_a_hook_in_another_pid_namespace_is_known_by_its_node_pid(
     runtime: Path,
-    publishers: Callable[..., Any],
+    ranks: Callable[..., Any],
     no_nvml: None,
     scrape: Callable[..., Any],
     make_hello: Callable[..., Any],
     make_snapshot: Callable[..., Any],
     pick: Callable[..., Any],
 ) -> None:
-    # A hook in a container publishes the PID it sees there (here: 1); the kernel tells the exporter
-    # which process on the node serves the socket (here: this test's process).
-    publishers(runtime, make_hello(1), make_snapshot(1))
+    # A hook in a container (a real PID namespace) publishes the PID it sees there: 1. The kernel tells
+    # the exporter which process on the node serves the socket.
+    if not _can_unshare_pid():
+        pytest.skip("creating a PID namespace (unshare --pid) needs root or user namespaces")
+    rank = ranks(runtime, make_hello(1), make_snapshot(1), wrap=("unshare", "--pid", "--fork"))
+    node_pid = _only_child(rank.pid)  # unshare forks the rank: PID 1 inside, node_pid outside
     series = scrape(NodeCollector(dirs=[runtime]))
     labels = dict(next(iter(pick(series, "anatomy_rank_info"))))
-    assert labels["pid"] == "1" and labels["node_pid"] == str(os.getpid())
-    assert labels["run_id"] == f"local-{os.getpid()}"  # not "local-1": every container has a PID 1
+    assert labels["pid"] == "1" and labels["node_pid"] == str(node_pid)
+    assert labels["run_id"] == f"local-{node_pid}"  # not "local-1": every container has a PID 1
 
 
 def test_hostile_strings_are_sanitised_labels(

@@ -431,16 +431,33 @@ def test_stale_socket_of_a_dead_process_is_cleaned(
     assert not stale.exists()
 
 
-def test_a_leftover_file_with_our_name_is_replaced(
+def test_a_leftover_socket_with_our_name_is_replaced(
     rt_dir: Path, make_publisher: Callable[..., Publisher]
 ) -> None:
     rt_dir.mkdir(mode=0o700)
     leftover = rt_dir / protocol.socket_name(os.getpid())
-    leftover.write_text("from a previous life with the same pid")
+    dead = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    dead.bind(str(leftover))  # a hook killed with SIGKILL under a PID we now have
+    dead.close()
     pub = make_publisher()
     assert pub.path == leftover and stat.S_ISSOCK(leftover.stat().st_mode)
     with Reader(leftover) as r:
         r.wait(timeout=5, need_snapshot=False)
+
+
+def test_a_regular_file_at_our_socket_path_is_never_deleted(
+    rt_dir: Path, make_publisher: Callable[..., Publisher]
+) -> None:
+    rt_dir.mkdir(mode=0o700)
+    planted = rt_dir / protocol.socket_name(os.getpid())
+    planted.write_text("someone's notes")
+    pub = make_publisher()
+    assert planted.read_text() == "someone's notes"  # left alone, before and after
+    assert pub.path is not None and pub.path != planted and protocol.pid_from_path(pub.path) == os.getpid()
+    with Reader(pub.path) as r:
+        r.wait(timeout=5, need_snapshot=False)
+    pub.close()
+    assert planted.read_text() == "someone's notes" and not pub.path.exists()
 
 
 def test_two_publishers_in_one_process_get_distinct_sockets(make_publisher: Callable[..., Publisher]) -> None:

@@ -1,13 +1,14 @@
-"""The collector behind /metrics: every scrape reads NVML and every hook socket of the node, then builds
-its metric families from what it just read.
+"""The collector behind /metrics: every scrape reads NVML and every hook socket of the node, then builds its
+metric families from what it just read.
 
 Nothing is kept from one scrape to the next but the connections and what never changes: one
 ``AnatomySource`` per trusted runtime directory (its readers stay connected, so a scrape drains what each
 hook pushed and takes the latest snapshot, as the monitor does), one ``NvmlSource`` (device handles and
-the identity fields: name, UUID, bus id; every other field is read again on every scrape), and each
-hook socket's node PID (``peer``). A process that
-exits drops out of the next scrape: its series end. Scrapes are serialised (NVML and the sources are
-read by one thread at a time), and a failure of either side is a value — the other side still shows.
+the identity fields: name, UUID, bus id; every other field is read again on every scrape). Each process is
+numbered by the kernel's PID for its socket's server (SO_PEERCRED), so a hook in a container is joined
+with NVML's node PID. A process that exits drops out of the next scrape: its series end. Scrapes are
+serialised (NVML and the sources are read by one thread at a time), and a failure of either side is a
+value — the other side still shows.
 """
 
 from __future__ import annotations
@@ -23,7 +24,6 @@ from prometheus_client.core import Metric
 from tui.exporter import discovery
 from tui.exporter.families import Rank, Scrape, families, gpu_of
 from tui.exporter.identity import assign_keys, label_value, parent_pid
-from tui.exporter.peer import PeerPids
 from tui.sources.anatomy_source import ERROR, LIVE, AnatomySource, TrainingProcess
 from tui.sources.model import NvmlStatus
 from tui.sources.nvml import NvmlReading, NvmlSource
@@ -55,7 +55,6 @@ class NodeCollector:
         self._warn = warn
         self._ppid = ppid
         self._sources: dict[Path, tuple[AnatomySource, int]] = {}
-        self._peers = PeerPids()
         self._warned: set[tuple[Path, str]] = set()
         self._lock = threading.Lock()
         self._closed = False
@@ -84,8 +83,8 @@ class NodeCollector:
             for proc, _ in processes:
                 counts[proc.state] = counts.get(proc.state, 0) + 1
             live = [p for p, _ in processes if p.state == LIVE and p.hello is not None]
-            self._peers.keep_only([p.path for p in live if p.path is not None])
-            node_pids = [self._peers.get(p.path) or p.pid for p in live]
+            # AnatomySource numbers each process as the kernel does in our namespace (SO_PEERCRED).
+            node_pids = [p.pid for p in live]
             keys = assign_keys([p.hello for p in live if p.hello is not None], self._ppid, node_pids)
             ranks = []
             for key, proc, node_pid in zip(keys, live, node_pids, strict=True):
@@ -118,7 +117,7 @@ class NodeCollector:
         for path, owner in wanted.items():
             if path not in self._sources:
                 # exited_ttl_s 0: a process that exits leaves the next scrape.
-                self._sources[path] = (AnatomySource(path, exited_ttl_s=0.0), owner)
+                self._sources[path] = (AnatomySource(path, exited_ttl_s=0.0, owner=owner), owner)
             source = self._sources[path][0]
             for proc in source.poll(wait_for_first_s=wait_s):
                 # pid 0 in state "error" is the source's own failure, not a process: kept, counted.

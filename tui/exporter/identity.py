@@ -1,14 +1,14 @@
 """The labels that name one training process's series: ``run_id`` and ``rank``.
 
-``pid`` is deliberately not among them (it lives only on ``anatomy_rank_info``): an elastic restart gives a
-rank a new PID but keeps its job, and its series should go on. The job is torchrun's run id
+``pid`` is deliberately not among them (it lives only on ``anatomy_rank_info``): an elastic restart gives
+a rank a new PID but keeps its job, and its series should go on. The job is torchrun's run id
 (``TORCHELASTIC_RUN_ID``, shared by every rank on every node). Where there is none — a process started
-without a launcher, or torchrun's default id ``none`` that every launch without ``--rdzv-id`` shares —
-the exporter names the job after its launcher's PID on this node (``local-<ppid>``: torchrun's agent is
-the parent of all its local ranks) or, for a process without a rank, after the process itself
-(``local-<pid>``); PIDs as the node numbers them (see ``peer``), not as a container does. Two live
-processes that would still carry the same pair get their PID appended to the run id
-(``<run_id>-pid<pid>``), so that no series is ever written twice in one scrape. Stdlib only.
+without a launcher, or torchrun's default id ``none`` that every launch without ``--rdzv-id`` shares — the
+exporter names the job after its launcher's PID on this node (``local-<ppid>``: torchrun's agent is the
+parent of all its local ranks) or, for a process without a rank, after the process itself
+(``local-<pid>``); PIDs as the node numbers them (the kernel's, through ``SO_PEERCRED``), not as a
+container does. Two live processes that would still carry the same pair get their PID appended to the run
+id (``<run_id>-pid<pid>``), so that no series is ever written twice in one scrape. Stdlib only.
 """
 
 from __future__ import annotations

@@ -10,6 +10,7 @@ Stdlib only (plus anatomy.protocol): the monitor never imports torch.
 from __future__ import annotations
 
 import contextlib
+import os
 import select
 import threading
 import time
@@ -33,6 +34,9 @@ EXITED_TTL_S = 120.0
 # A socket that refused us or spoke nonsense is retried after this long, not on every poll.
 RETRY_S = 5.0
 CONNECT_TIMEOUT_S = 0.05
+# A hook that turned us away because it serves its limit of readers is asked again this soon.
+BUSY_RETRY_S = 1.0
+DISMISSED_SUFFIX = ".dismissed"  # beside an OOM record: its mtime_ns, when a user dismissed it
 # Bounds what a directory full of sockets (or a hostile one) can make the monitor hold.
 MAX_PROCESSES = 256
 
@@ -52,6 +56,9 @@ class TrainingProcess:
     oom: str | None = None  # the out-of-memory exception text, when an OOM file exists for this PID
     path: Path | None = None  # the socket (or, for state "oom", the OOM file)
     updated_at: float | None = None  # monotonic time of the last new message
+    # The PID the hook itself published, where it differs from ``pid`` (the kernel's, in our namespace):
+    # a hook in a container sees itself as another PID.
+    published_pid: int | None = None
 
     @property
     def rank(self) -> int | None:
@@ -90,6 +97,7 @@ class _Entry:
     memory_history: deque[int] = field(default_factory=lambda: deque(maxlen=HISTORY_LEN))
     step_time_history: deque[float] = field(default_factory=lambda: deque(maxlen=HISTORY_LEN))
     updated_at: float | None = None
+    published_pid: int | None = None  # the hello's PID where it differs from the kernel's
     ended_at: float | None = None  # when the reader was dropped
     retry_at: float | None = None  # when a failed socket may be tried again
     identity: tuple[int, int] | None = None  # of the socket we connected to: a new one is a new hook
@@ -129,8 +137,12 @@ class AnatomySource:
         connect_timeout_s: float = CONNECT_TIMEOUT_S,
         max_processes: int = MAX_PROCESSES,
         clock: Callable[[], float] = time.monotonic,
+        owner: int | None = None,
     ) -> None:
+        """``owner``: the uid the directory and every socket's server must have (default: ours; root's
+        exporter passes the user whose directory it reads). Anything else is refused, not read."""
         self._directory = Path(directory) if directory is not None else None
+        self._owner = os.geteuid() if owner is None else owner
         self._exited_ttl_s = exited_ttl_s
         self._retry_s = retry_s
         self._connect_timeout_s = connect_timeout_s
@@ -156,6 +168,15 @@ class AnatomySource:
             if self._closed:
                 return []
             try:
+                refused = protocol.untrusted_reason(self.directory, self._owner)
+                if refused is not None:
+                    # Someone else could have planted anything in it: read nothing, say why, once a poll.
+                    self._close_readers()
+                    return [
+                        TrainingProcess(
+                            pid=0, hello=None, snapshot=None, state=ERROR, error=f"not reading {refused}"
+                        )
+                    ]
                 now = self._clock()
                 self._discover(now)
                 self._read_all(now)
@@ -167,18 +188,18 @@ class AnatomySource:
             except Exception as exc:  # a monitor must keep running whatever the directory holds
                 return [TrainingProcess(pid=0, hello=None, snapshot=None, state=ERROR, error=repr(exc))]
 
-    def dismiss(self, pid: int, remove_file: bool = False) -> bool:
+    def dismiss(self, pid: int) -> bool:
         """Stop showing the OOM, exited or error records of ``pid``. An OOM record reappears only if a
-        new OOM file is written, a failed socket only if a new socket replaces it. Live ones stay."""
+        new OOM file is written (the dismissal is a marker file beside the record, so every monitor of
+        this user honours it, now and later), a failed socket only if a new socket replaces it. Live
+        ones stay."""
         with self._lock:
             removed = False
             oom = self._ooms.pop(pid, None)
             if oom is not None:
                 removed = True
                 self._dismissed[oom.path] = oom.mtime_ns
-                if remove_file:
-                    with contextlib.suppress(OSError):
-                        oom.path.unlink()
+                _write_marker(oom.path, oom.mtime_ns)
             for path, entry in list(self._entries.items()):
                 if entry.pid == pid and entry.reader is None:
                     del self._entries[path]
@@ -191,12 +212,15 @@ class AnatomySource:
     def close(self) -> None:
         with self._lock:
             self._closed = True
-            for entry in self._entries.values():
-                if entry.reader is not None:
-                    entry.reader.close()
-                    entry.reader = None
-            self._entries.clear()
-            self._ooms.clear()
+            self._close_readers()
+
+    def _close_readers(self) -> None:
+        for entry in self._entries.values():
+            if entry.reader is not None:
+                entry.reader.close()
+                entry.reader = None
+        self._entries.clear()
+        self._ooms.clear()
 
     def __enter__(self) -> AnatomySource:
         return self
@@ -231,8 +255,18 @@ class AnatomySource:
                 failed.retry_at, failed.ended_at = now + self._retry_s, now
                 self._entries[path] = failed
                 continue
+            stranger = _foreign_server(reader, self._owner)
+            if stranger is not None:
+                reader.close()
+                failed = entry or _Entry(pid=pid, path=path)
+                failed.state, failed.error = ERROR, stranger
+                failed.retry_at, failed.ended_at = now + self._retry_s, now
+                self._entries[path] = failed
+                continue
             if entry is None or entry.hello is None:
                 entry = _Entry(pid=pid, path=path)
+            if reader.peer is not None and reader.peer.pid > 0:
+                entry.pid = reader.peer.pid  # the kernel's word, not the file name's
             # A reconnect to a known socket keeps the history: same process, same job.
             entry.reader, entry.state, entry.error = reader, LIVE, None
             entry.identity = _identity(path)
@@ -254,10 +288,20 @@ class AnatomySource:
             failure = f"protocol error: {exc}"
         except Exception as exc:
             failure = f"read failed: {exc!r}"
+        if failure is None and reader.hello is not None:
+            failure = _impersonation(reader)
+            if failure is not None:
+                self._drop(entry, now, ERROR, failure)
+                entry.retry_at = now + self._retry_s
+                return
         # What arrived before a bad message is still good.
         if reader.hello is not None:
             entry.hello = reader.hello
-            if reader.hello.pid:
+            kernel_pid = reader.peer.pid if reader.peer is not None else 0
+            if kernel_pid > 0:
+                entry.pid = kernel_pid
+                entry.published_pid = reader.hello.pid if reader.hello.pid != kernel_pid else None
+            elif reader.hello.pid:
                 entry.pid = reader.hello.pid
             if entry.updated_at is None:
                 entry.updated_at = now
@@ -266,6 +310,12 @@ class AnatomySource:
         if failure is not None:
             self._drop(entry, now, ERROR, failure)
             entry.retry_at = now + self._retry_s
+        elif reader.busy is not None and reader.hello is None:
+            busy = reader.busy
+            self._drop(
+                entry, now, ERROR, f"busy: the hook serves {busy.readers} readers (its limit); retrying"
+            )
+            entry.retry_at = now + BUSY_RETRY_S
         elif reader.closed:
             self._drop(entry, now, EXITED, None)
 
@@ -303,10 +353,13 @@ class AnatomySource:
             if pid is None:
                 continue
             try:
-                mtime_ns = path.stat().st_mtime_ns
+                mtime_ns = path.lstat().st_mtime_ns
             except OSError:
                 continue
             if self._dismissed.get(path) == mtime_ns:
+                continue
+            if _read_marker(path) == mtime_ns:  # dismissed by this or another monitor
+                self._dismissed[path] = mtime_ns
                 continue
             seen.add(pid)
             known = self._ooms.get(pid)
@@ -322,6 +375,7 @@ class AnatomySource:
         for pid in set(self._ooms) - seen:
             del self._ooms[pid]
         self._dismissed = {p: m for p, m in self._dismissed.items() if p.exists()}
+        _remove_orphan_markers(self.directory)
 
     def _expire(self, now: float) -> None:
         for path, entry in list(self._entries.items()):
@@ -394,7 +448,83 @@ class AnatomySource:
             oom=oom_text,
             path=path,
             updated_at=entry.updated_at if entry is not None else None,
+            published_pid=entry.published_pid if entry is not None else None,
         )
+
+
+def _foreign_server(reader: Reader, owner: int) -> str | None:
+    """Why a socket's server is not to be believed: it runs as another user than the directory's."""
+    peer = reader.peer
+    if peer is None or peer.uid in (owner, 0):
+        return None
+    return f"refused: {reader.path.name} is served by uid {peer.uid}, not the directory's uid {owner}"
+
+
+def _impersonation(reader: Reader) -> str | None:
+    """A hello that claims another process than the one the kernel says serves the socket: refused when
+    both live in our PID namespace (a lie); accepted across namespaces (a hook in a container numbers
+    itself differently; the kernel's PID is then the one we use)."""
+    peer, hello = reader.peer, reader.hello
+    if peer is None or hello is None or peer.pid <= 0 or hello.pid == peer.pid:
+        return None
+    if not _same_pid_namespace(peer.pid):
+        return None
+    return (
+        f"refused: the hello claims PID {hello.pid}, but the kernel says PID {peer.pid} serves "
+        f"{reader.path.name}"
+    )
+
+
+def _same_pid_namespace(pid: int) -> bool:
+    try:
+        return os.readlink(f"/proc/{pid}/ns/pid") == os.readlink("/proc/self/ns/pid")
+    except OSError:
+        return True  # cannot tell: be strict
+
+
+def _marker_path(oom_file: Path) -> Path:
+    return oom_file.with_name(oom_file.name + DISMISSED_SUFFIX)
+
+
+def _read_marker(oom_file: Path) -> int | None:
+    try:
+        text = protocol.read_small_file(_marker_path(oom_file), 64)
+    except (OSError, ProtocolError):
+        return None
+    try:
+        return int(text.strip())
+    except ValueError:
+        return None
+
+
+def _write_marker(oom_file: Path, mtime_ns: int) -> None:
+    """Atomically, never through a link (the directory is ours: checked before every poll)."""
+    marker = _marker_path(oom_file)
+    tmp = marker.with_name(f"{marker.name}.{os.getpid()}.tmp")
+    try:
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+        with os.fdopen(fd, "w") as f:
+            f.write(f"{mtime_ns}\n")
+        os.replace(tmp, marker)
+    except OSError:
+        with contextlib.suppress(OSError):
+            tmp.unlink()
+
+
+def _remove_orphan_markers(directory: Path) -> None:
+    """A marker whose OOM record is gone has nothing left to hide."""
+    try:
+        with os.scandir(directory) as entries:
+            names = {e.name for e in entries}
+    except OSError:
+        return
+    for name in names:
+        if (
+            name.endswith(protocol.OOM_SUFFIX + DISMISSED_SUFFIX)
+            and name[: -len(DISMISSED_SUFFIX)] not in names
+        ):
+            with contextlib.suppress(OSError):
+                (directory / name).unlink()
 
 
 def _identity(path: Path) -> tuple[int, int] | None:
