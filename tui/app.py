@@ -58,6 +58,8 @@ from tui.widgets.process_rows import build_rows
 from tui.widgets.process_table import ProcessTable
 from tui.widgets.text_static import TextStatic
 
+EXIT_SIGNALS: tuple[signal.Signals, ...] = (signal.SIGTERM, signal.SIGHUP, signal.SIGINT)
+
 __all__ = [
     "INTERVAL_STEPS",
     "MAX_INTERVAL",
@@ -257,20 +259,29 @@ class AnatomyTopApp(App[int]):
         if self._timer is not None:
             self._timer.stop()
         if self._signals_installed:
-            with contextlib.suppress(Exception):
-                asyncio.get_running_loop().remove_signal_handler(signal.SIGHUP)
+            for sig in EXIT_SIGNALS:
+                with contextlib.suppress(Exception):
+                    asyncio.get_running_loop().remove_signal_handler(sig)
         if self._close_sources:
             for source in (self.machine_source, self.anatomy_source):
                 with contextlib.suppress(Exception):
                     source.close()
 
     def _install_signals(self) -> None:
-        # A terminal that goes away sends SIGHUP; ignoring it leaves the app spinning on a dead tty.
+        # SIGTERM (kill, systemd, tmux kill-pane), SIGHUP (the terminal went away) and SIGINT from another
+        # process end the monitor the way `q` does: Textual gives the terminal back (alternate screen off,
+        # mouse tracking off, cursor shown), then the status is 128 + the signal's number, as a shell
+        # reports a process killed by it.
         try:
-            asyncio.get_running_loop().add_signal_handler(signal.SIGHUP, self.exit)
+            loop = asyncio.get_running_loop()
+            for sig in EXIT_SIGNALS:
+                loop.add_signal_handler(sig, self._exit_on_signal, sig)
         except (NotImplementedError, RuntimeError, ValueError, AttributeError):
             return
         self._signals_installed = True
+
+    def _exit_on_signal(self, sig: int) -> None:
+        self.exit(return_code=128 + int(sig))
 
     def _exit_if_orphaned(self) -> None:
         # SIGHUP can be lost (a pty torn down while Textual starts up, under load): such monitors were

@@ -336,9 +336,40 @@ def run_once(as_json: bool, nvml_unavailable: str | None = None, process_filter:
     try:
         sys.stdout.write(out)
         sys.stdout.flush()
-    except BrokenPipeError:  # `anatomy-top --once | head`
+    except BrokenPipeError:
+        # `anatomy-top --once | head`: the reader chose to stop; say nothing (as a tool killed by SIGPIPE),
+        # but the status says the report was cut short.
         _silence_stdout()
+        return 128 + 13
+    except (OSError, ValueError) as exc:
+        _silence_stdout()
+        print(f"{PROG}: the report could not be written to standard output: {exc}", file=sys.stderr)
+        return 1
     return 0
+
+
+def _reserve_std_streams() -> tuple[bool, bool]:
+    """Whether standard output and standard error are open. A closed one is put on /dev/null: its file
+    descriptor must not be handed to the next file we open (a socket or NVML's device would then
+    receive our report), and ``print(file=sys.stderr)`` with ``sys.stderr`` None writes to stdout."""
+    state = []
+    for fd, name in ((1, "stdout"), (2, "stderr")):
+        try:
+            os.fstat(fd)
+            is_open = getattr(sys, name) is not None
+        except OSError:
+            is_open = False
+        if not is_open:
+            try:
+                null = os.open(os.devnull, os.O_WRONLY)
+                if null != fd:
+                    os.dup2(null, fd)
+                    os.close(null)
+                setattr(sys, name, open(fd, "w", closefd=False))  # noqa: SIM115 - lives as long as we do
+            except OSError:
+                pass
+        state.append(is_open)
+    return state[0], state[1]
 
 
 def _silence_stdout() -> None:
@@ -381,26 +412,59 @@ def run_monitor(args: Any, nvml_unavailable: str | None = None, starting_pid: in
     nvml = NvmlSource(unavailable_reason=nvml_unavailable)
     first, _ = first_snapshot(nvml)
     process_filter = getattr(args, "process_filter", None)
-    painted = first_frame.paint(process_filter.apply(first) if process_filter else first, caps, interval)
+    import signal
+
+    previous = _exit_cleanly_on_signals(first_frame.leave)
     try:
-        from tui.app import run_app
-    except ImportError as exc:
-        if painted:
-            first_frame.leave()
-        nvml.close()
-        print(f"{PROG}: the monitor cannot start: {exc}", file=sys.stderr)
-        return 1
-    return int(
-        run_app(
-            args,
-            nvml=nvml,
-            first_machine=first,
-            caps=caps,
-            starting_pid=starting_pid,
-            painted=painted,
+        painted = first_frame.paint(process_filter.apply(first) if process_filter else first, caps, interval)
+        try:
+            from tui.app import run_app
+        except ImportError as exc:
+            if painted:
+                first_frame.leave()
+            nvml.close()
+            print(f"{PROG}: the monitor cannot start: {exc}", file=sys.stderr)
+            return 1
+        return int(
+            run_app(
+                args,
+                nvml=nvml,
+                first_machine=first,
+                caps=caps,
+                starting_pid=starting_pid,
+                painted=painted,
+            )
+            or 0
         )
-        or 0
-    )
+    except _Signalled as stop:
+        return stop.status
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+
+
+class _Signalled(Exception):
+    def __init__(self, sig: int) -> None:
+        super().__init__(sig)
+        self.status = 128 + sig
+
+
+def _exit_cleanly_on_signals(give_back: Callable[[], None]) -> dict[int, Any]:
+    """Until Textual takes over the signals (the app's own handlers), SIGTERM/SIGHUP/SIGINT give the
+    terminal back (the start-up frame is on the alternate screen) and end with 128 + the signal."""
+
+    import contextlib
+    import signal
+
+    def handler(sig: int, _frame: object) -> None:
+        give_back()
+        raise _Signalled(sig)
+
+    previous: dict[int, Any] = {}
+    for sig in (signal.SIGTERM, signal.SIGHUP, signal.SIGINT):
+        with contextlib.suppress(ValueError, OSError):  # not the main thread: leave them alone
+            previous[sig] = signal.signal(sig, handler)
+    return previous
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -409,7 +473,15 @@ def main(argv: Sequence[str] | None = None) -> int:
         return run_plan(argv[1:])
     if argv and argv[0] == "exporter":
         return run_exporter(argv[1:])
+    stdout_open, stderr_open = _reserve_std_streams()
     args = parse_args(argv)  # bad input: argparse prints usage and exits 2
+    if args.once and not stdout_open:
+        print(f"{PROG}: standard output is closed: the report has nowhere to go", file=sys.stderr)
+        return 1
+    if not args.once and not stderr_open:
+        # Textual draws on standard error.
+        print(f"{PROG}: standard error is closed: the monitor has no terminal to draw on", file=sys.stdout)
+        return 1
     stop: Callable[[], None] | None = None
     try:
         starting_pid = None
