@@ -191,6 +191,10 @@ class AnatomyTopApp(App[int]):
         self.set_class(self.caps.plain, "-plain")
         self.set_class(self.caps.ascii, "-ascii")
         # A machine snapshot read before Textual started (the start-up frame's): shown at once.
+        if first_machine is not None:
+            from tui.sources import on_screen
+
+            first_machine = on_screen.machine(first_machine)
         self.machine: MachineSnapshot | None = first_machine
         # What --only/--user/--pid and u/g/P show; the history every view's charts read.
         self.process_filter = process_filter if process_filter is not None else ProcessFilter()
@@ -335,7 +339,17 @@ class AnatomyTopApp(App[int]):
                 figures = dict(self._host_lookup(missing))
         except Exception as exc:
             errors.append(f"host data: {type(exc).__name__}: {exc}")
-        return Polled(machine, training, figures, errors)
+        # Every string another process chose is cleaned here, once, before any widget sees it.
+        from tui.sources import on_screen
+
+        try:
+            machine = on_screen.machine(machine) if machine is not None else None
+            training = on_screen.training(training)
+            figures = {pid: on_screen.gpu_process(p) for pid, p in figures.items()}
+        except Exception as exc:
+            errors.append(f"cleaning: {type(exc).__name__}: {exc}")
+            machine, training, figures = None, [], {}
+        return Polled(machine, training, figures, [on_screen.clean(e) for e in errors])
 
     def on_polled(self, message: Polled) -> None:
         self._polling = False

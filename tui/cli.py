@@ -411,6 +411,9 @@ def run_monitor(args: Any, nvml_unavailable: str | None = None, starting_pid: in
     interval = float(getattr(args, "interval", DEFAULT_INTERVAL) or DEFAULT_INTERVAL)
     nvml = NvmlSource(unavailable_reason=nvml_unavailable)
     first, _ = first_snapshot(nvml)
+    from tui.sources import on_screen
+
+    first = on_screen.machine(first)  # the start-up frame draws other processes' names too
     process_filter = getattr(args, "process_filter", None)
     import signal
 

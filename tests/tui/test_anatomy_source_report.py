@@ -134,7 +134,7 @@ def test_text_marks_oom_and_neutralises_control_characters() -> None:
     text = render_training_text([process(hello(model_class=evil), snap, state="oom", oom=snap.oom)])
     assert "OUT OF MEMORY: CUDA out of memory. Tried to allocate 2.00 GiB" in text
     assert "[oom]" in text
-    assert "\x1b" not in text and "\x07" not in text and "Bert?[2J?]0;pwned?" in text
+    assert "\x1b" not in text and "\x07" not in text and "Bert\\x1b[2J\\x1b]0;pwned\\x07" in text
 
 
 def test_text_of_waiting_process_and_empty_list() -> None:

@@ -486,17 +486,20 @@ async def test_quit_key_exits(make_app: MakeApp) -> None:
     assert app.anatomy_source.closed  # type: ignore[attr-defined]
 
 
-async def test_sighup_exits_cleanly(make_app: MakeApp) -> None:
+@pytest.mark.parametrize("sig", [signal.SIGHUP, signal.SIGTERM, signal.SIGINT])
+async def test_exit_signals_end_the_app_with_128_plus_n(make_app: MakeApp, sig: signal.Signals) -> None:
     app = make_app(handle_signals=True)
     async with app.run_test(size=(120, 40)):
         await app.wait_for_poll()
-        os.kill(os.getpid(), signal.SIGHUP)
+        os.kill(os.getpid(), sig)
         for _ in range(100):
             await asyncio.sleep(0.01)
             if not app.is_running:
                 break
         assert not app.is_running
-    assert app.return_code in (None, 0)
+    assert app.return_code == 128 + int(sig)
+    # the handlers are gone with the app: the next signal is the process's default again
+    assert signal.getsignal(sig) in (signal.SIG_DFL, signal.default_int_handler)
 
 
 async def test_exits_when_its_terminal_loses_its_owner(

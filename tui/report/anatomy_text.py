@@ -9,12 +9,12 @@ cannot drive the terminal.
 
 from __future__ import annotations
 
-import re
 from collections.abc import Sequence
 
 from anatomy.protocol import Snapshot
 from anatomy.vocabulary import OpGroup
 from tui import format as fmt
+from tui import sanitize
 from tui.sources.anatomy_source import EXITED, OOM, TrainingProcess
 from tui.sources.model import MachineSnapshot
 from tui.sources.reconcile import (
@@ -29,13 +29,12 @@ from tui.sources.reconcile import (
     total_line,
 )
 
-_CONTROL = re.compile(r"[\x00-\x08\x0b-\x1f\x7f-\x9f]")
 RULE = "-" * 91
 
 
 def clean(text: object) -> str:
-    """Untrusted text made safe to print: control characters (escape sequences) become '?'."""
-    return _CONTROL.sub("?", str(text))
+    """Untrusted text safe to print on one line: the one sanitiser's visible escapes (``\\x1b``, ``\\n``)."""
+    return sanitize.clean(str(text))
 
 
 def _title(proc: TrainingProcess) -> str:

@@ -7,11 +7,10 @@ verbatim except control characters, which become '?' so a command line cannot dr
 
 from __future__ import annotations
 
-import re
 import time
 from collections.abc import Sequence
 
-from tui import __version__
+from tui import __version__, sanitize
 from tui.sources.model import GpuInfo, GpuProcess, HostInfo, MachineSnapshot
 
 WIDTH = 91
@@ -22,7 +21,6 @@ MIB = 1 << 20
 GIB = 1 << 30
 _COLS = (41, 24, 22)
 _NAME_W = 39  # process name column
-_CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f]")
 _COMPUTE_MODE_SHORT = {
     "Default": "Default",
     "Exclusive_Process": "E. Process",
@@ -32,8 +30,8 @@ _COMPUTE_MODE_SHORT = {
 
 
 def clean(text: object) -> str:
-    """Untrusted text safe to print: control characters (escape sequences, newlines) become '?'."""
-    return _CONTROL.sub("?", str(text))
+    """Untrusted text safe to print on one line: the one sanitiser's visible escapes (``\\x1b``, ``\\n``)."""
+    return sanitize.clean(str(text))
 
 
 def _fit(text: str, width: int) -> str:
