@@ -246,6 +246,14 @@ def _training(machine: MachineSnapshot, as_json: bool) -> Any:
         from tui.sources.anatomy_source import poll_once
 
         processes = poll_once(wait_s=ONCE_WAIT_S)
+        for failed in [p for p in processes if p.pid <= 0]:
+            # The source's own refusal (a directory someone else could have planted in): one line.
+            from tui.sanitize import clean
+
+            print(
+                f"{PROG}: training processes not shown: {clean(failed.error or 'unknown')}", file=sys.stderr
+            )
+        processes = [p for p in processes if p.pid > 0]
         if not processes:
             return None
         if as_json:
