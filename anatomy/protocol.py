@@ -590,10 +590,11 @@ class Reader:
     def poll(self, budget_bytes: int = POLL_BUDGET_BYTES, budget_s: float = POLL_BUDGET_S) -> bool:
         """Read what is available, up to ``budget_bytes`` and for about ``budget_s``. Returns True if
         anything new arrived; on EOF sets closed. What a peer sends beyond the budget between two polls
-        is read on later polls."""
+        is read on later polls. Lines already buffered are decoded first: after a ProtocolError the
+        next poll goes on with the line after the bad one, and the buffer never outgrows one budget."""
         import time
 
-        got = False
+        got = self._drain()
         taken = 0
         deadline = time.monotonic() + budget_s
         while not self.closed and taken < budget_bytes and time.monotonic() < deadline:
@@ -609,16 +610,26 @@ class Reader:
                 break
             taken += len(chunk)
             self._buf += chunk
-            for msg in self._messages():
-                got = True
-                if isinstance(msg, Busy):
-                    self.busy = msg
-                elif isinstance(msg, Hello):
-                    self.hello = msg
-                elif self.hello is None:
-                    raise ProtocolError("snapshot before hello")
-                else:
-                    self.snapshot = msg
+            got = self._drain() or got
+        return got
+
+    @property
+    def pending(self) -> bool:
+        """A whole line is buffered, not decoded yet (left by a ProtocolError)."""
+        return b"\n" in self._buf
+
+    def _drain(self) -> bool:
+        got = False
+        for msg in self._messages():
+            got = True
+            if isinstance(msg, Busy):
+                self.busy = msg
+            elif isinstance(msg, Hello):
+                self.hello = msg
+            elif self.hello is None:
+                raise ProtocolError("snapshot before hello")
+            else:
+                self.snapshot = msg
         return got
 
     def wait(self, timeout: float = 5.0, need_snapshot: bool = True) -> None:
