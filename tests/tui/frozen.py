@@ -386,7 +386,7 @@ class FakeAnatomySource:
         self.calls += 1
         return [p for p in self.processes if p.pid not in self.dismissed]
 
-    def dismiss(self, pid: int, remove_file: bool = False) -> bool:
+    def dismiss(self, pid: int) -> bool:
         self.dismissed.append(pid)
         return True
 

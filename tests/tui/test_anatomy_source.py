@@ -329,6 +329,26 @@ def test_oom_file_of_dead_process_then_dismiss(tmp_path: Path) -> None:
         assert source.poll() == []
 
 
+def test_an_oom_dismissal_holds_for_every_monitor_until_a_new_record(tmp_path: Path) -> None:
+    dead_pid = 2**22 - 5
+    hello = make_hello(dead_pid)
+    snap = replace(make_snapshot(dead_pid, 9), oom="CUDA out of memory")
+    record = protocol.write_oom_file(tmp_path, hello, snap)
+    with AnatomySource(tmp_path) as first:
+        assert [p.state for p in first.poll()] == ["oom"]
+        assert first.dismiss(dead_pid)
+    marker = record.with_name(record.name + ".dismissed")
+    assert marker.exists() and oct(marker.stat().st_mode & 0o777) == "0o600"
+    with AnatomySource(tmp_path) as second:  # another monitor, later: still dismissed
+        assert second.poll() == []
+        time.sleep(0.01)
+        protocol.write_oom_file(tmp_path, hello, replace(snap, seq=10))  # a new OOM of that PID
+        os.utime(record, ns=(time.time_ns(), time.time_ns() + 10**9))
+        assert [p.snapshot.seq for p in second.poll() if p.snapshot] == [10]
+        record.unlink()
+        assert second.poll() == [] and not marker.exists()  # the marker goes with its record
+
+
 def test_unreadable_oom_file_is_a_value(tmp_path: Path) -> None:
     protocol.oom_path(tmp_path, 4_000_000).write_text("[not json\n")
     with AnatomySource(tmp_path) as source:
