@@ -72,12 +72,12 @@ class HeapBackend:
     def phase_ends(self, rec: StepRecord, next_phase: Phase) -> None:
         return None
 
-    def measure_runtime(self, rec: StepRecord, parts: StepParts) -> None:
+    def measure_runtime(self, rec: StepRecord, parts: StepParts, communication: int = 0) -> None:
         """The runtime baseline, once, from the first step that read the heap: what was in use at its
-        start beyond weights, optimizer states, gradients and the inputs (interpreter, torch, libraries,
-        the data pipeline): the CPU counterpart of the CUDA context."""
+        start beyond weights, optimizer states, gradients, the inputs and communication buffers
+        (interpreter, torch, libraries, the data pipeline): the CPU counterpart of the CUDA context."""
         if rec.heap_start is not None:
-            self.runtime = max(rec.heap_start - parts.at_start - parts.inputs, 0)
+            self.runtime = max(rec.heap_start - parts.at_start - parts.inputs - communication, 0)
 
     def step_ends(self, rec: StepRecord, stats_due: bool) -> int | None:
         """Keep a read step's readings; give a step that did not read the last ones. Returns the

@@ -22,13 +22,15 @@ from torch.nn.modules.module import (
 )
 from torch.optim.optimizer import register_optimizer_step_pre_hook
 
-from anatomy.hook.tensors import unwrap_optimizer
+from anatomy.hook.tensors import storage_key, unwrap_optimizer
 
 Signature = tuple[tuple[int, int, tuple[int, ...], torch.dtype, bool], ...]
 
 
 def model_signature(model: torch.nn.Module) -> Signature:
-    return tuple((id(p), p.data_ptr(), tuple(p.shape), p.dtype, p.requires_grad) for p in model.parameters())
+    return tuple(
+        (id(p), storage_key(p), tuple(p.shape), p.dtype, p.requires_grad) for p in model.parameters()
+    )
 
 
 class ModelWatch:

@@ -104,6 +104,7 @@ class Guard:
             type(exc).__name__,
             exc,
         )
+        log.debug("anatomy: where %s failed", feature.value, exc_info=exc)  # for a bug report
 
     def turn_off(self, feature: Feature, reason: str | None = None) -> None:
         """Stop measuring ``feature`` without an exception (unavailable here); ``reason`` goes to the

@@ -42,17 +42,39 @@ def build_hello(
         device=str(device) if device is not None else "cpu",
         precision=precision.value,
         optimizer=detect_optimizer(optimizer).value,
-        model_class=type(model).__name__,
+        model_class=model_class_name(model),
         parameter_count=count,
         torch_version=torch.__version__,
         started_at=started_at,
         rank=env_int("RANK"),
         local_rank=env_int("LOCAL_RANK"),
         world_size=env_int("WORLD_SIZE"),
+        run_id=_run_id(),
+        local_world_size=env_int("LOCAL_WORLD_SIZE"),
         dtype=dtype,
         optimizer_class=type(optimizer).__name__ if optimizer is not None else "",
         **_device_facts(model, device if is_cuda else None, guard),
     )
+
+
+def _run_id() -> str | None:
+    """The launcher's job id, shared by every rank of one job (torchrun sets TORCHELASTIC_RUN_ID; its
+    default ``none`` without ``--rdzv-id`` is shared by unrelated jobs, so it is not an id)."""
+    value = os.environ.get("TORCHELASTIC_RUN_ID", "").strip()
+    return value[:128] if value and value != "none" else None
+
+
+def model_class_name(model: torch.nn.Module) -> str:
+    """The user's model class, seen through DDP's wrapper and FSDP2's generated ``FSDP<Name>`` class."""
+    inner = getattr(model, "module", None)
+    if type(model).__name__ == "DistributedDataParallel" and isinstance(inner, torch.nn.Module):
+        model = inner
+    name = type(model).__name__
+    if name.startswith("FSDP"):  # fully_shard makes class FSDP<Name>(FSDPModule, <Name>)
+        for base in type(model).__mro__[1:]:
+            if "FSDP" + base.__name__ == name:
+                return base.__name__
+    return name
 
 
 def _device_facts(model: torch.nn.Module, cuda_device: torch.device | None, guard: Guard) -> dict[str, Any]:

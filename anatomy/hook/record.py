@@ -12,6 +12,7 @@ from anatomy.vocabulary import Phase
 
 if TYPE_CHECKING:
     from anatomy.hook.cuda import CudaStats
+    from anatomy.hook.distributed import Buckets
     from anatomy.hook.gradients import GradientWatcher
     from anatomy.hook.opgroups import OpGroupProfiler
     from anatomy.hook.timing import StepClock
@@ -102,6 +103,8 @@ class StepRecord:
     activations: int | None = None  # the largest micro-batch's saved bytes, when counted this step
     weight_copies: int = 0
     inputs: int = 0  # pre-existing storages saved for backward (the largest micro-batch's)
+    # FSDP's all-gathered (unsharded) parameters still held when the forward ended; None: none seen
+    unsharded: int | None = None
     window: bool = False  # this micro-batch's saved tensors are being counted
     grads_begin: int = 0
     opt_begin: int = 0
@@ -172,16 +175,20 @@ class Sums:
     activations: int | None = None  # None until a forward was counted
     weight_copies: int = 0
     inputs: int = 0
+    unsharded: int | None = None
+    buckets: Buckets | None = None  # DDP's, read on refresh steps
 
 
 @dataclass(frozen=True, slots=True)
 class Preexisting:
     """What was in use at the step's start besides weights, optimizer states and gradients, divided:
-    inputs saved for backward, the runtime baseline (CPU), and what nothing explains."""
+    inputs saved for backward, communication buffers, the runtime baseline (CPU), and what nothing
+    explains."""
 
     inputs: int = 0
     runtime: int = 0
     unattributed: int = 0
+    communication: int = 0
 
 
 @dataclass(frozen=True, slots=True)

@@ -7,11 +7,12 @@ and its unpack calls the user's unpack. The user's hooks see exactly the calls t
 the counter. A pair that AOTAutograd inlines into compiled graphs (fx GraphModules) is left alone: that
 forward is not counted.
 
-Storages are classified once each: parameters and buffers are weights (skipped), autocast's
-low-precision copies of parameters are weight copies, storages that existed before the step (the
-forward's inputs, and integer views sliced from a larger tensor: token ids or labels cut from a
-dataset) are inputs, the rest activations. Nothing is counted while backward runs (a reentrant
-checkpoint's recomputation is not what the step holds between forward and backward).
+Storages are classified once each: parameters and buffers are weights (skipped), autocast's low-precision
+copies of parameters are weight copies, parameters that are not the model's (FSDP2 swaps its all-gathered,
+unsharded copy in for the forward) are unsharded parameters, storages that existed before the step (the
+forward's inputs, and integer views sliced from a larger tensor: token ids or labels cut from a dataset)
+are inputs, the rest activations. Nothing is counted while backward runs (a reentrant checkpoint's
+recomputation is not what the step holds between forward and backward).
 """
 
 from __future__ import annotations
@@ -27,7 +28,7 @@ import torch
 from anatomy.hook.tensors import storage_key
 
 _PackPair = tuple[Callable[[torch.Tensor], Any], Callable[[Any], torch.Tensor]]
-_ACTIVATION, _COPY, _INPUT = 0, 1, 2
+_ACTIVATION, _COPY, _INPUT, _UNSHARDED = 0, 1, 2, 3
 
 
 def _in_backward() -> bool:
@@ -90,7 +91,9 @@ class SavedTensorCounter:
         self._input_keys: frozenset[int] = frozenset()
         self.device: torch.device | None = None
         self._kind: dict[int, int] = {}  # storage key -> kind, for every storage seen since reset
-        self._bytes = [0, 0, 0]  # by kind
+        self._bytes = [0, 0, 0, 0]  # by kind
+        # the unsharded parameters seen: their storages come and go (FSDP frees them by resizing)
+        self._unsharded: dict[int, weakref.ref[torch.Tensor]] = {}
         self.weight_copy_dtype: torch.dtype | None = None
         self.uncounted = 0
         self.counting = False
@@ -130,9 +133,28 @@ class SavedTensorCounter:
     def input_bytes(self) -> int:
         return self._bytes[_INPUT]
 
+    @property
+    def unsharded_seen(self) -> bool:
+        return bool(self._bytes[_UNSHARDED])
+
+    def unsharded_held_bytes(self) -> int:
+        """Bytes the unsharded parameters seen since the reset hold now (each storage once)."""
+        seen: set[int] = set()
+        total = 0
+        for ref in list(self._unsharded.values()):
+            p = ref()
+            if p is None:
+                continue
+            storage = p.untyped_storage()
+            if storage.nbytes() and storage.data_ptr() not in seen:
+                seen.add(storage.data_ptr())
+                total += storage.nbytes()
+        return total
+
     def reset(self) -> None:
         self._kind = {}
-        self._bytes = [0, 0, 0]
+        self._bytes = [0, 0, 0, 0]
+        self._unsharded = {}
 
     # -- torch's side -----------------------------------------------------------------------------
 
@@ -208,6 +230,10 @@ class SavedTensorCounter:
     def _classify(self, t: torch.Tensor, key: int) -> int:
         if key in self._input_keys or _is_sliced_integer_view(t):
             return _INPUT
+        base = t._base if t._base is not None else t
+        if isinstance(base, torch.nn.Parameter):  # a parameter, not one of the model's: FSDP's gathered one
+            self._unsharded[id(base)] = weakref.ref(base)
+            return _UNSHARDED
         return _COPY if self._is_weight_copy(t) else _ACTIVATION
 
     @staticmethod

@@ -32,13 +32,17 @@ def step_parts(rec: StepRecord, sums: Sums) -> StepParts:
     )
 
 
-def divide_preexisting(preexisting: int, inputs: int, runtime: int | None) -> Preexisting:
+def divide_preexisting(
+    preexisting: int, inputs: int, runtime: int | None, communication: int = 0
+) -> Preexisting:
     """Split what was in use at the step's start (beyond weights, states, gradients): the inputs first
-    (they are named tensors), then the runtime baseline, and the rest is unattributed."""
+    and communication buffers (named tensors), then the runtime baseline, and the rest is unattributed."""
     pre = max(preexisting, 0)
     inputs_part = min(max(inputs, 0), pre)
-    runtime_part = min(max(runtime or 0, 0), pre - inputs_part)
-    return Preexisting(inputs_part, runtime_part, pre - inputs_part - runtime_part)
+    comm_part = min(max(communication, 0), pre - inputs_part)
+    runtime_part = min(max(runtime or 0, 0), pre - inputs_part - comm_part)
+    rest = pre - inputs_part - comm_part - runtime_part
+    return Preexisting(inputs_part, runtime_part, rest, comm_part)
 
 
 def explained(rec: StepRecord, phase: Phase, parts: StepParts) -> int:
@@ -96,6 +100,7 @@ def traced_split(
 _BALANCE_ORDER = (
     Component.UNATTRIBUTED.value,
     Component.RUNTIME.value,
+    Component.COMMUNICATION_BUFFERS.value,
     Component.INPUTS.value,
     Component.ACTIVATIONS.value,
     Component.GRADIENTS.value,
@@ -127,6 +132,8 @@ class PeakSplitter:
         }
         if pre.inputs:
             out[Component.INPUTS.value] = pre.inputs
+        if pre.communication:
+            out[Component.COMMUNICATION_BUFFERS.value] = pre.communication
         if runtime:
             out[Component.RUNTIME.value] = pre.runtime
         rest = peak - sum(out.values())

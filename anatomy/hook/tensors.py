@@ -13,15 +13,30 @@ from typing import Any
 import torch
 
 
+def local_tensor(t: torch.Tensor) -> torch.Tensor:
+    """What this process holds of ``t``: a DTensor's local shard (FSDP2's sharded parameters, their
+    gradients and optimizer states), else ``t`` itself."""
+    local = getattr(t, "_local_tensor", None)
+    return local if isinstance(local, torch.Tensor) else t
+
+
 def storage_key(t: torch.Tensor) -> int:
     """Identity of a tensor's storage: its data pointer (unique across CPU and CUDA under UVA).
-    Tensors without data (meta, fake) have pointer 0; they are keyed by object identity instead."""
-    ptr = t.untyped_storage().data_ptr()
+    Tensors without data (meta, fake, a storage FSDP freed by resizing it to 0) have pointer 0 or none;
+    they are keyed by object identity instead."""
+    t = local_tensor(t)
+    try:
+        ptr = t.untyped_storage().data_ptr()
+    except RuntimeError:  # a wrapper subclass without a storage of its own
+        ptr = 0
     return ptr if ptr else -id(t)
 
 
 def storage_bytes(t: torch.Tensor) -> int:
-    return int(t.untyped_storage().nbytes())
+    try:
+        return int(local_tensor(t).untyped_storage().nbytes())
+    except RuntimeError:
+        return 0
 
 
 def dtype_name(dtype: torch.dtype) -> str:

@@ -46,6 +46,7 @@ from anatomy.hook.changes import ModelWatch, OptimizerWatch
 from anatomy.hook.compiled import compile_in_use, outside_compile
 from anatomy.hook.cuda import CudaAllocator
 from anatomy.hook.detect import active_autocast_dtype, detect_optimizer, detect_precision, is_oom
+from anatomy.hook.distributed import communication_bytes, ddp_buckets
 from anatomy.hook.gradients import GradientWatcher
 from anatomy.hook.guard import MAX_TEXT, Feature, Guard
 from anatomy.hook.heap import HostHeap
@@ -68,6 +69,7 @@ from anatomy.hook.tensors import (
     gradient_bytes,
     optimizer_state_bytes,
     parameter_count,
+    storage_key,
     unwrap_optimizer,
     weight_bytes,
 )
@@ -325,7 +327,7 @@ class Tracker:
         candidates = trainable or params
         probe = candidates[0] if candidates else None
         self._probe_ref = weakref.ref(probe) if probe is not None else None
-        self._probe_ptr = probe.data_ptr() if probe is not None else 0
+        self._probe_ptr = storage_key(probe) if probe is not None else 0
         count, dtype = parameter_count(model), dominant_dtype(model)
         if (count, dtype) != (self._param_count, self._param_dtype):
             self._param_count, self._param_dtype = count, dtype
@@ -345,7 +347,7 @@ class Tracker:
         with self._guard(Feature.CHANGES):  # (a parameter without storage cannot be compared)
             if self._probe_ref is not None:
                 probe = self._probe_ref()
-                if probe is None or probe.data_ptr() != self._probe_ptr:
+                if probe is None or storage_key(probe) != self._probe_ptr:
                     return True  # moved (.to(), a new device), or the parameter is gone
             look = index - self._looked_at >= self._schedule.steps_per_interval()
             if look:
@@ -474,7 +476,11 @@ class Tracker:
             if heap_step is not None:
                 self._schedule.heap_step = heap_step
             if isinstance(memory, HeapBackend) and memory.runtime is None and rec.heap_from is None:
-                memory.measure_runtime(rec, step_parts(rec, self._sums))
+                comm = communication_bytes(self._sums.buckets, rec.grads_begin) or 0
+                memory.measure_runtime(rec, step_parts(rec, self._sums), comm)
+        if self._refresh_due(rec.index) and self._guard.ok(Feature.GRADIENTS):
+            with self._guard(Feature.GRADIENTS):  # DDP's buckets, rebuilt after the first backward
+                self._sums.buckets = ddp_buckets(self.model)
         if rec.grads is None and self._refresh_due(rec.index) and self._guard.ok(Feature.GRADIENTS):
             # No optimizer hook saw this step: gradients as they are now.
             with self._guard(Feature.GRADIENTS):
@@ -649,6 +655,10 @@ class Tracker:
         rec.weight_copies = max(rec.weight_copies, counter.weight_copy_bytes)
         rec.inputs = max(rec.inputs, counter.input_bytes)
         sums.activations, sums.weight_copies, sums.inputs = rec.activations, rec.weight_copies, rec.inputs
+        if counter.unsharded_seen:
+            held = counter.unsharded_held_bytes()
+            rec.unsharded = held if rec.unsharded is None else max(rec.unsharded, held)
+            sums.unsharded = rec.unsharded
         self._schedule.counted_step = rec.index
         if counter.weight_copy_dtype is not None and counter.weight_copy_dtype != self._autocast_dtype:
             self._autocast_dtype = counter.weight_copy_dtype
@@ -755,13 +765,21 @@ class Tracker:
         if guard.ok(Feature.ACTIVATIONS) and parts.activations_known:
             memory[Component.ACTIVATIONS.value] = parts.activations
             memory[Component.INPUTS.value] = parts.inputs or None  # a row only where there are some
+            unsharded = rec.unsharded if rec.activations is not None else self._sums.unsharded
+            memory[Component.UNSHARDED_PARAMETERS.value] = unsharded  # a row only under FSDP
+        buckets = self._sums.buckets
+        comm = communication_bytes(buckets, rec.grads_begin)
+        if buckets is not None and comm is not None and (comm or not buckets.are_gradients):
+            memory[Component.COMMUNICATION_BUFFERS.value] = (
+                comm  # a row only under DDP, when not the gradients
+            )
         backend = self._memory
         split = backend.peak(rec, parts) if backend is not None else None
         if backend is None or split is None:
             return MemoryResult(step=rec.index, memory=memory, micro=rec.micro, batch=self._batch_size(rec))
         memory[Component.TEMPORARIES.value] = split.temporaries
         runtime = backend.runtime
-        pre = divide_preexisting(split.preexisting or 0, parts.inputs, runtime)
+        pre = divide_preexisting(split.preexisting or 0, parts.inputs, runtime, comm or 0)
         memory[Component.UNATTRIBUTED.value] = pre.unattributed if split.preexisting is not None else None
         if runtime is not None:
             memory[Component.RUNTIME.value] = runtime

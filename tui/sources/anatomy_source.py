@@ -79,7 +79,10 @@ def measured_total(snapshot: Snapshot) -> int:
 
 
 def rank_group_key(hello: Hello) -> str:
-    """Ranks of one job run on one host with the same world size and model class."""
+    """Ranks of one job: the launcher's run id (torchrun's, shared by every rank) where the hook sent one,
+    else the same host, world size and model class."""
+    if hello.run_id:
+        return f"run|{hello.run_id}|{hello.world_size or 1}"
     return f"{hello.host}|{hello.world_size or 1}|{hello.model_class}"
 
 
