@@ -257,9 +257,9 @@ def _training(machine: MachineSnapshot, as_json: bool) -> Any:
         if not processes:
             return None
         if as_json:
-            from tui.report.anatomy_json import training_json
+            from tui.report.anatomy_json import jobs_json, training_json
 
-            return training_json(processes, machine)
+            return {"training": training_json(processes, machine), "jobs": jobs_json(processes)}
         from tui.report.anatomy_text import render_training_text
 
         return render_training_text(processes, machine)
@@ -336,7 +336,9 @@ def run_once(as_json: bool, nvml_unavailable: str | None = None, process_filter:
 
         from tui.report.once_json import render_json
 
-        out = json.dumps(render_json(machine, training, nvml_calls=calls), indent=2) + "\n"
+        parts = training or {}
+        document = render_json(machine, parts.get("training"), nvml_calls=calls, jobs=parts.get("jobs"))
+        out = json.dumps(document, indent=2) + "\n"
     else:
         from tui.report.smi_text import render_text
 

@@ -40,6 +40,8 @@ class Job:
     truths: dict[int, dict[str, Any]]
     published: dict[int, TrainingProcess]
     log: str
+    once_text: str = ""
+    once_json: dict[str, Any] | None = None
 
 
 def _wait(predicate: Any, timeout: float, step: float = 0.1) -> bool:
@@ -84,9 +86,18 @@ def run_job(mode: str, hook: bool = True) -> Job:
                     return len(published) == NPROC
 
                 assert _wait(all_ranks_final, 30), f"published: {published}\n{log_path.read_text()[-3000:]}"
+        once_text, once_json = "", None
+        if hook:  # what `anatomy-top --once [--json]` shows of the job while its ranks are alive
+            cmd = [sys.executable, "-m", "tui.cli", "--once"]
+            text = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=60)
+            doc = subprocess.run(
+                [*cmd, "--json"], cwd=REPO, env=env, capture_output=True, text=True, timeout=60
+            )
+            assert text.returncode == 0 and doc.returncode == 0, text.stderr + doc.stderr
+            once_text, once_json = text.stdout, json.loads(doc.stdout)
         (out / "stop").touch()
         assert proc.wait(timeout=60) == 0, log_path.read_text(errors="replace")[-4000:]
-        return Job(mode, truths, published, log_path.read_text(errors="replace"))
+        return Job(mode, truths, published, log_path.read_text(errors="replace"), once_text, once_json)
     finally:
         if proc.poll() is None:
             os.killpg(proc.pid, signal.SIGKILL)
@@ -179,3 +190,22 @@ def test_the_hook_does_not_change_fsdp2_training(jobs: dict[str, Job]) -> None:
         assert with_hook.truths[rank]["losses"] == without.truths[rank]["losses"]
         for key in ("weights", "gradients", "optimizer_states", "activations"):
             assert with_hook.truths[rank][key] == without.truths[rank][key]
+
+
+def test_the_monitor_groups_the_ranks_of_a_job(jobs: dict[str, Job]) -> None:
+    job = jobs["ddp"]
+    assert job.once_json is not None
+    (entry,) = job.once_json["jobs"]
+    assert entry["world_size"] == NPROC and entry["model_class"] == "Net" and entry["run_id"]
+    ranks = {r["rank"]: r for r in entry["ranks"]}
+    assert sorted(ranks) == list(range(NPROC))
+    for rank, truth in job.truths.items():
+        assert ranks[rank]["pid"] == truth["pid"]
+        assert _close(ranks[rank]["memory"]["weights"], truth["weights"], 0.001)
+    # the job's total is the sum of its ranks, component by component
+    for key in ("weights", "gradients", "optimizer_states", "activations", "communication_buffers"):
+        assert entry["total"]["memory"][key] == sum(r["memory"][key] for r in entry["ranks"])
+    step_times = {r["rank"]: r["step_s"] for r in entry["ranks"]}
+    assert entry["slowest_rank"] == max(step_times, key=lambda k: step_times[k])
+    assert f"Job Net: {NPROC} of {NPROC} ranks on this node (run {entry['run_id']})" in job.once_text
+    assert f"Rank {entry['slowest_rank']} is the" in job.once_text

@@ -10,6 +10,7 @@ import os
 import signal
 import threading
 from collections.abc import Callable
+from dataclasses import replace
 from typing import Any
 
 import frozen
@@ -22,6 +23,7 @@ from textual.widgets import Input, Sparkline, Static
 from anatomy.vocabulary import Component
 from tui import format as fmt
 from tui.app import AnatomyTopApp
+from tui.sources.anatomy_source import measured_total
 from tui.widgets.anatomy_pane import AnatomyPane
 from tui.widgets.environ_screen import EnvironScreen
 from tui.widgets.gpu_history import GpuHistory
@@ -627,10 +629,37 @@ async def test_ranks_of_a_multi_rank_job_are_grouped(make_app: MakeApp) -> None:
         ranks = app.query_one("#anatomy-ranks", LineTable)
         pane = app.query_one(AnatomyPane)
         assert pane.has_class("-ranks") and ranks.display
-        assert ranks.row_keys == [str(p) for p in frozen.DDP_PIDS]
-        assert _plain(ranks.get_cell(str(frozen.DDP_PIDS[1]), "mark")) == "▶"
+        assert ranks.row_keys == [*(str(p) for p in frozen.DDP_PIDS), "total"]
+        assert _plain(ranks.get_cell(str(frozen.DDP_PIDS[1]), "rank")) == "▶ 1"
+        ddp = [t for t in frozen.training() if t.pid in frozen.DDP_PIDS]
+        peaks = [measured_total(t.snapshot) for t in ddp if t.snapshot is not None]
+        assert _plain(ranks.get_cell("total", "peak")) == fmt.fmt_bytes(sum(peaks))  # the job's total
+        weights = sum(t.snapshot.memory["weights"] or 0 for t in ddp if t.snapshot is not None)
+        assert _plain(ranks.get_cell("total", "weights")) == fmt.fmt_bytes(weights)
+        # the slowest rank's step time is marked (frozen: rank 3, 0.93 s; 2 % slower: not a straggler)
+        assert _plain(ranks.get_cell(str(frozen.DDP_PIDS[3]), "step_s")).endswith("▲")
+        assert not _plain(ranks.get_cell(str(frozen.DDP_PIDS[0]), "step_s")).endswith("▲")
+        assert "straggler" not in _static_text(app.query_one("#anatomy-ranks-label", Static))
         await _select_pid(app, pilot, frozen.TRAIN_PID)
         assert not pane.has_class("-ranks")
+
+
+async def test_a_straggler_rank_is_named(make_app: MakeApp) -> None:
+    training = frozen.training()
+    slow = frozen.DDP_PIDS[2]
+    training = [
+        replace(t, snapshot=replace(t.snapshot, timing=replace(t.snapshot.timing, step_s=1.5)))
+        if t.pid == slow and t.snapshot is not None
+        else t
+        for t in training
+    ]
+    app = make_app(training=training)
+    async with app.run_test(size=(160, 50)) as pilot:
+        await app.wait_for_poll()
+        await _select_pid(app, pilot, frozen.DDP_PIDS[0])
+        ranks = app.query_one("#anatomy-ranks", LineTable)
+        assert _plain(ranks.get_cell(str(slow), "step_s")) == "1.50 s ▲"
+        assert "rank 2 is the straggler" in _static_text(app.query_one("#anatomy-ranks-label", Static))
 
 
 async def test_history_sparklines_and_suggestions(make_app: MakeApp) -> None:

@@ -8,6 +8,7 @@ from typing import Any
 
 from anatomy import protocol
 from tui.sources.anatomy_source import TrainingProcess
+from tui.sources.jobs import jobs_of
 from tui.sources.model import MachineSnapshot
 from tui.sources.reconcile import Reconciled, nvml_process_bytes, reconcile
 
@@ -64,3 +65,33 @@ def training_json(
 ) -> list[dict[str, Any]]:
     """JSON-ready (no NaN, plain types) entries for ``render_json(machine, training=...)``."""
     return [process_dict(p, machine) for p in processes]
+
+
+def jobs_json(processes: Sequence[TrainingProcess]) -> list[dict[str, Any]]:
+    """Each multi-rank job: its ranks (memory by component, step time), its total and its slowest rank."""
+    out = []
+    for job in jobs_of(list(processes)):
+        out.append(
+            {
+                "key": job.key,
+                "run_id": job.run_id,
+                "world_size": job.world_size,
+                "model_class": job.model_class,
+                "ranks": [
+                    {
+                        "rank": r.rank,
+                        "pid": r.pid,
+                        "state": r.state,
+                        "step": r.step,
+                        "step_s": r.step_s,
+                        "peak_bytes": r.peak,
+                        "memory": dict(r.memory),
+                    }
+                    for r in job.ranks
+                ],
+                "total": {"peak_bytes": job.total_peak, "memory": dict(job.total_memory)},
+                "slowest_rank": job.slowest_rank,
+                "straggler": job.straggler,
+            }
+        )
+    return out

@@ -12,10 +12,11 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from anatomy.protocol import Snapshot
-from anatomy.vocabulary import OpGroup
+from anatomy.vocabulary import Component, OpGroup
 from tui import format as fmt
 from tui import sanitize
 from tui.sources.anatomy_source import EXITED, OOM, TrainingProcess
+from tui.sources.jobs import Job, jobs_of
 from tui.sources.model import MachineSnapshot
 from tui.sources.reconcile import (
     PER_PARAMETER,
@@ -30,6 +31,18 @@ from tui.sources.reconcile import (
 )
 
 RULE = "-" * 91
+
+
+JOB_COLUMNS = tuple(
+    c.value
+    for c in (Component.WEIGHTS, Component.OPTIMIZER_STATES, Component.GRADIENTS, Component.ACTIVATIONS)
+)
+COMPONENT_LABELS = {
+    Component.WEIGHTS.value: "Weights",
+    Component.OPTIMIZER_STATES.value: "Optim.",
+    Component.GRADIENTS.value: "Grads",
+    Component.ACTIVATIONS.value: "Activ.",
+}
 
 
 def clean(text: object) -> str:
@@ -183,4 +196,32 @@ def render_training_text(processes: Sequence[TrainingProcess], machine: MachineS
     if not processes:
         return ""
     blocks = [render_process(p, machine) for p in processes]
+    blocks += [render_job(job) for job in jobs_of(list(processes))]
     return RULE + "\n" + ("\n" + RULE + "\n").join(blocks) + "\n" + RULE
+
+
+def render_job(job: Job) -> str:
+    """One multi-rank job: a row per rank (memory by component, step time, the slowest marked) and the
+    job's total on this node."""
+    head = f"Job {clean(job.model_class)}: {job.ranks_seen} of {job.world_size} ranks on this node"
+    if job.run_id:
+        head += f" (run {clean(job.run_id)})"
+    lines = [head]
+    if job.slowest_rank is not None:
+        verdict = "the straggler" if job.straggler else "the slowest"
+        lines.append(f"Rank {job.slowest_rank} is {verdict} (marked *).")
+    header = f"{'Rank':>5} {'PID':>8} {'Step time':>10} {'Peak':>10}" + "".join(
+        f" {COMPONENT_LABELS[key]:>10}" for key in JOB_COLUMNS
+    )
+    lines.append(header)
+    for row in job.ranks:
+        mark = "*" if row.rank is not None and row.rank == job.slowest_rank else " "
+        step = fmt.fmt_seconds(row.step_s) if row.state == "live" else row.state.upper()
+        rank = row.rank if row.rank is not None else "?"
+        line = f"{rank:>5} {row.pid:>8} {step:>9}{mark} {fmt.fmt_bytes(row.peak):>10}"
+        line += "".join(f" {fmt.fmt_bytes(row.memory.get(key)):>10}" for key in JOB_COLUMNS)
+        lines.append(line)
+    total = f"{'total':>5} {'':>8} {'':>10} {fmt.fmt_bytes(job.total_peak):>10}"
+    total += "".join(f" {fmt.fmt_bytes(job.total_memory.get(key)):>10}" for key in JOB_COLUMNS)
+    lines.append(total)
+    return "\n".join(lines)

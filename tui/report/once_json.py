@@ -76,6 +76,7 @@ def render_json(
     training: list[dict[str, Any]] | None = None,
     *,
     nvml_calls: int | None = None,
+    jobs: list[dict[str, Any]] | None = None,
 ) -> dict[str, Any]:
     """The ``--once --json`` document. ``training`` (each publishing process's latest anatomy, built by
     ``tui.report.anatomy_json``) is placed as given; ``nvml_calls`` is what this snapshot cost."""
@@ -97,4 +98,5 @@ def render_json(
         "processes": [process_dict(p) for p in machine.processes],
         "host": host_dict(machine.host),
         "training": list(training or []),
+        "jobs": list(jobs or []),
     }

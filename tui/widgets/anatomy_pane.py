@@ -13,13 +13,16 @@ from textual.widgets import Sparkline, Static
 
 from tui import format as fmt
 from tui.sources.anatomy_source import TrainingProcess
+from tui.sources.jobs import job_of
 from tui.sources.reconcile import PER_PARAMETER, Reconciled, reconcile
 from tui.widgets.anatomy_text import (
     alert_text,
     gpu_memory_line,
+    job_total_cells,
     op_group_cells,
     op_groups_label,
     rank_cells,
+    ranks_label,
     reconcile_note,
     suggestion_text,
     timing_text,
@@ -44,15 +47,16 @@ OPGROUP_COLUMNS: tuple[tuple[str, str], ...] = (
     ("time", "Time share"),
 )
 RANK_COLUMNS: tuple[tuple[str, str], ...] = (
-    ("mark", " "),
     ("rank", "Rank"),
     ("pid", "PID"),
-    ("device", "Device"),
-    ("step", "Step"),
-    ("peak", "Peak"),
     ("step_s", "Step time"),
-    ("state", "State"),
+    ("peak", "Peak"),
+    ("weights", "Weights"),
+    ("optimizer_states", "Optim."),
+    ("gradients", "Grads"),
+    ("activations", "Activ."),
 )
+RANK_RIGHT = ("rank", "pid", "step_s", "peak", "weights", "optimizer_states", "gradients", "activations")
 
 WAITING_HINT = "\n\nThe pane fills in at its first measured step: memory by component, step time, op groups."
 EMPTY_HINT = (
@@ -148,10 +152,9 @@ class AnatomyPane(VerticalScroll):
                 with Vertical(classes="spark"):
                     yield TextStatic(id="spark-step-label", classes="spark-label")
                     yield Sparkline([], id="spark-step")
-            yield Static(Text("Ranks", style="bold"), classes="section ranks")
-            yield _table(
-                RANK_COLUMNS, ("rank", "pid", "step", "peak", "step_s"), id="anatomy-ranks", classes="ranks"
-            )
+            yield TextStatic(id="anatomy-ranks-label", classes="section ranks")
+            # one cell between columns: a job's table fits the side-by-side pane (74 columns)
+            yield _table(RANK_COLUMNS, RANK_RIGHT, id="anatomy-ranks", classes="ranks", gap=1)
             yield Static(Text("Suggestions", style="bold"), classes="section")
             yield TextStatic(id="anatomy-suggestions")
 
@@ -225,12 +228,14 @@ class AnatomyPane(VerticalScroll):
         opgroups.set_rows(list(groups.items()))
 
         self._history(process)
-        multi = [p for p in group if p.hello is not None and (p.hello.world_size or 1) > 1]
-        self.set_class(len(multi) > 1, "-ranks")
-        ranks = sorted(multi, key=lambda p: (p.rank if p.rank is not None else 1 << 30, p.pid))
-        self.query_one("#anatomy-ranks", LineTable).set_rows(
-            [(str(p.pid), rank_cells(p, process.pid)) for p in ranks] if len(multi) > 1 else []
-        )
+        job = job_of(process, list(group))
+        self.set_class(job is not None, "-ranks")
+        rows: list[tuple[str, tuple[Text, ...]]] = []
+        if job is not None:
+            rows = [(str(r.pid), rank_cells(r, job, process.pid)) for r in job.ranks]
+            rows.append(("total", job_total_cells(job)))
+        self.query_one("#anatomy-ranks", LineTable).set_rows(rows)
+        self._update("#anatomy-ranks-label", ranks_label(job))
         self._update("#anatomy-suggestions", suggestion_text(snap.suggestions if snap is not None else ()))
 
     def _history(self, process: TrainingProcess) -> None:

@@ -8,13 +8,19 @@ from collections.abc import Sequence
 
 from rich.text import Text
 
-from anatomy.protocol import Hello, OpGroupStat, Snapshot, Suggestion
-from anatomy.vocabulary import OpGroup, Source
+from anatomy.protocol import OpGroupStat, Snapshot, Suggestion
+from anatomy.vocabulary import Component, OpGroup, Source
 from tui import format as fmt
 from tui.sources.anatomy_source import TrainingProcess
+from tui.sources.jobs import Job, RankRow
 from tui.sources.reconcile import SUM_OF_ROWS, TOTAL_NVML, TOTAL_PEAK, TOTAL_RESERVED, Reconciled, total_line
 from tui.widgets.bars import meter
 
+# The components a job's rank table shows per rank (the pane's component table has them all).
+JOB_COMPONENTS = tuple(
+    c.value
+    for c in (Component.WEIGHTS, Component.OPTIMIZER_STATES, Component.GRADIENTS, Component.ACTIVATIONS)
+)
 STATE_BADGES: dict[str, tuple[str, str]] = {
     "live": ("LIVE", "bold green"),
     "oom": ("OOM", "bold reverse red"),
@@ -217,18 +223,49 @@ def suggestion_text(suggestions: Sequence[Suggestion]) -> Text:
     return text
 
 
-def rank_cells(process: TrainingProcess, selected_pid: int | None) -> tuple[Text, ...]:
-    hello: Hello | None = process.hello
-    snap = process.snapshot
-    marker = Text("▶", style="bold cyan") if process.pid == selected_pid else Text("")
-    badge, style = STATE_BADGES.get(process.state, (process.state, ""))
+def ranks_label(job: Job | None) -> Text:
+    """The ranks section's title: the job, how many ranks publish, and its straggler if any."""
+    text = Text("Ranks", style="bold")
+    if job is None:
+        return text
+    name = f" · {job.model_class} · {job.ranks_seen}/{job.world_size} ranks"
+    text.append(name + (f" · run {job.run_id}" if job.run_id else ""), style="bright_black")
+    if job.straggler and job.slowest_rank is not None:
+        text.append(f" · rank {job.slowest_rank} is the straggler", style="bold red")
+    return text
+
+
+def rank_cells(row: RankRow, job: Job, selected_pid: int | None) -> tuple[Text, ...]:
+    """One rank of a job: its step time (the slowest highlighted), its peak and the components it holds."""
+    rank = Text(justify="right")
+    if row.pid == selected_pid:
+        rank.append("▶ ", style="bold cyan")
+    rank.append(str(row.rank) if row.rank is not None else fmt.NA)
+    slowest = row.rank is not None and row.rank == job.slowest_rank
+    if row.state != "live":  # a rank that exited, died of OOM or failed: its state where its pace was
+        badge, style = STATE_BADGES.get(row.state, (row.state.upper(), "bold"))
+        step = Text(badge, style=style, justify="right")
+    else:
+        step_style = ("bold red" if job.straggler else "bold yellow") if slowest else ""
+        step = Text(
+            fmt.fmt_seconds(row.step_s) + (" ▲" if slowest else "  "), style=step_style, justify="right"
+        )
     return (
-        marker,
-        Text(str(hello.rank) if hello is not None and hello.rank is not None else fmt.NA, justify="right"),
-        Text(str(process.pid), justify="right"),
-        Text(hello.device if hello is not None else fmt.NA),
-        Text(str(snap.step) if snap is not None else fmt.NA, justify="right"),
-        Text(fmt.fmt_bytes(snap.peak_bytes if snap is not None else None), justify="right"),
-        Text(fmt.fmt_seconds(snap.timing.step_s if snap is not None else None), justify="right"),
-        Text(badge, style=style),
+        rank,
+        Text(str(row.pid), justify="right"),
+        step,
+        Text(fmt.fmt_bytes(row.peak), justify="right"),
+        *(Text(fmt.fmt_bytes(row.memory.get(key)), justify="right") for key in JOB_COMPONENTS),
+    )
+
+
+def job_total_cells(job: Job) -> tuple[Text, ...]:
+    """The job's total: every rank's peak and components summed (what the job holds on this node)."""
+    total = job.total_memory
+    return (
+        Text("Σ", style="bold", justify="right"),
+        Text(""),
+        Text(""),
+        Text(fmt.fmt_bytes(job.total_peak), style="bold", justify="right"),
+        *(Text(fmt.fmt_bytes(total.get(key)), style="bold", justify="right") for key in JOB_COMPONENTS),
     )
