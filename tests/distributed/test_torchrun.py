@@ -209,3 +209,52 @@ def test_the_monitor_groups_the_ranks_of_a_job(jobs: dict[str, Job]) -> None:
     assert entry["slowest_rank"] == max(step_times, key=lambda k: step_times[k])
     assert f"Job Net: {NPROC} of {NPROC} ranks on this node (run {entry['run_id']})" in job.once_text
     assert f"Rank {entry['slowest_rank']} is the" in job.once_text
+
+
+def test_a_trainer_under_torchrun_publishes_one_socket_per_rank() -> None:
+    base = Path(tempfile.mkdtemp(prefix="tt-", dir="/tmp"))
+    runtime, out = base / "run", base / "out"
+    runtime.mkdir(mode=0o700)
+    env = {k: v for k, v in os.environ.items() if not k.startswith("ANATOMY_TOP")}
+    env.update(ANATOMY_TOP_DIR=str(runtime), OMP_NUM_THREADS="1", PYTHONPATH=str(REPO))
+    args = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={NPROC}"]
+    args += [str(HERE / "trainer_train.py"), "--out", str(out)]
+    log_path = base / "log"
+    with open(log_path, "wb") as log:
+        proc = subprocess.Popen(
+            args, cwd=REPO, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True
+        )
+    try:
+        done = _wait(
+            lambda: all((out / f"rank-{r}.json").exists() for r in range(NPROC)) or proc.poll() is not None,
+            240,
+        )
+        assert done and proc.poll() is None, log_path.read_text(errors="replace")[-4000:]
+        facts = {r: json.loads((out / f"rank-{r}.json").read_text()) for r in range(NPROC)}
+        sockets = sorted(runtime.glob("anatomy-*.sock"))
+        assert len(sockets) == NPROC  # one socket per rank
+        with AnatomySource(runtime) as source:
+            shown: dict[int, TrainingProcess] = {}
+
+            def ranks_published() -> bool:
+                for p in source.poll(wait_for_first_s=0.5):
+                    if p.hello is not None and p.snapshot is not None and p.hello.rank is not None:
+                        shown[p.hello.rank] = p
+                return len(shown) == NPROC
+
+            assert _wait(ranks_published, 30)
+        for rank, fact in facts.items():
+            proc_ = shown[rank]
+            assert proc_.pid == fact["pid"] and proc_.hello is not None
+            assert (
+                proc_.hello.model_class == "BertForSequenceClassification" and proc_.hello.world_size == NPROC
+            )
+            assert proc_.snapshot is not None and proc_.snapshot.memory["weights"] == fact["weights"]
+        assert len({p.rank_group for p in shown.values()}) == 1
+        (out / "stop").touch()
+        assert proc.wait(timeout=60) == 0, log_path.read_text(errors="replace")[-4000:]
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+        shutil.rmtree(base, ignore_errors=True)
