@@ -1,14 +1,14 @@
 """The training-side hook, by responsibility.
 
 ``tracker`` (the :class:`Tracker` and ``track``: hooks, step boundaries, orchestration), ``schedule``
-(what runs on which step), ``record`` (the typed records passed between the parts), ``guard`` (a
-failed feature becomes unmeasured, in one place), ``tensors`` (exact sums of weights, gradients and
-optimizer states), ``saved`` (activations through saved-tensor hooks), ``gradients`` (gradients alive
-during a traced step), ``backend`` with ``heap`` and ``cuda`` (a step's peak on CPU and CUDA),
-``trace`` (the per-op memory trace of a sampled step), ``split`` (the arithmetic of the peak's split),
-``timing`` and ``throughput`` (phase times, rates), ``opgroups`` (FLOPs and time per operation group),
-``detect`` (precision, optimizer, OOM), ``hello`` and ``publishing`` (what goes to the monitor), and
-``callback`` (the Hugging Face Trainer way in).
+(what runs on which step), ``record`` (the typed records passed between the parts), ``guard`` (a failed
+feature becomes unmeasured, in one place), ``tensors`` (exact sums of weights, gradients and optimizer
+states), ``saved`` (activations through saved-tensor hooks), ``gradients`` (gradients alive during a
+traced step), ``backend`` with ``heap`` and ``cuda`` (a step's peak on CPU and CUDA), ``trace`` (the
+per-op memory trace of a sampled step), ``split`` (the arithmetic of the peak's split), ``timing`` and
+``throughput`` (phase times, rates), ``opgroups`` (FLOPs and time per operation group), ``detect``
+(precision, optimizer, OOM), ``distributed`` (what DDP's reducer holds), ``hello`` and ``publishing``
+(what goes to the monitor), and ``callback`` (the Hugging Face Trainer way in).
 """
 
 from __future__ import annotations
