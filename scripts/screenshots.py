@@ -74,10 +74,10 @@ SHOTS = (
 async def render_live_demo(size: tuple[int, int] = (160, 45)) -> str:
     """What `anatomy-top --demo` shows: the simulated 8-GPU box and the real CPU training job publishing
     through the real hook (not frozen data, so its numbers differ from run to run)."""
-    from tui.cli import install_simulation
     from tui.demo import start_demo
     from tui.sources.anatomy_source import AnatomySource
     from tui.sources.machine import MachineSource
+    from tui.startup import install_simulation
 
     handle = start_demo(install_signal_handlers=False)
     try:

@@ -25,6 +25,9 @@ from collections.abc import Callable, Sequence
 from tui import __version__
 from tui.intervals import DEFAULT_INTERVAL, MAX_INTERVAL, MIN_INTERVAL, describe_interval
 
+# Start-up pieces the exporter sub-command shares live in tui.startup (no cli <-> exporter import circle).
+from tui.startup import DEMO_WAIT_S, PROG, install_simulation, start_demo
+
 # typing is not imported at run time (~3 ms of --once start-up); the names are for type checkers.
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -34,10 +37,7 @@ if TYPE_CHECKING:
     from tui.sources.model import GpuProcess, HostInfo, MachineSnapshot
     from tui.sources.nvml import NvmlSource
 
-PROG = "anatomy-top"
-SIMULATE_ENV = "ANATOMY_TOP_SIMULATE"
 ONCE_WAIT_S = 1.0  # how long --once waits for each training process's first snapshot
-DEMO_WAIT_S = 60.0  # how long --demo --once waits for the demo's job's first measured step with op groups
 # What the text report never prints: not asked of NVML by `--once` without --json.
 TEXT_OMITS = ("uuid", "nvml_version", "process_utilization")
 # Flags --once may come with that need no parser (anything else goes through argparse).
@@ -178,46 +178,6 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace | _Options:
 
 
 # ------------------------------------------------------------------------------------------ demo
-def start_demo(once: bool) -> tuple[Callable[[], None], int | None]:
-    """Point this process at the simulated 8-GPU box and start the demo's training job; return the
-    function that ends it all and the job's PID. With ``once``, wait until the job has published a
-    measured step with op groups, so the one report shows its whole anatomy (plain ``--demo`` starts the
-    monitor right away, which says it is waiting for the job)."""
-    from tui.demo import start_demo as start
-
-    handle = start(train=True)
-    if once and handle.train is not None:
-        print(
-            f"{PROG}: starting the demo's training job; waiting up to {DEMO_WAIT_S:g} s for its first "
-            "measured step with op groups ...",
-            file=sys.stderr,
-            flush=True,
-        )
-        if not handle.wait_until_publishing(DEMO_WAIT_S, op_groups=True):
-            print(
-                f"{PROG}: timed out after {DEMO_WAIT_S:g} s: the demo's training job published no step with "
-                f"op groups; the report shows what it has (its log: {handle.train_log})",
-                file=sys.stderr,
-            )
-    pid = getattr(handle, "train_pid", None)
-    return handle.stop, pid if isinstance(pid, int) else None
-
-
-def install_simulation() -> str | None:
-    """Install the simulated NVIDIA library named by ANATOMY_TOP_SIMULATE, if set: the one place it is
-    installed. Returns why NVML cannot be used when the scenario is broken (the reports and the monitor
-    then say so instead of showing GPUs), else None."""
-    if not os.environ.get(SIMULATE_ENV, "").strip():
-        return None
-    try:
-        from tui.simnvml import install_from_env
-
-        install_from_env()
-    except Exception as exc:  # a broken scenario file must not crash anything
-        return f"simulated NVML ({SIMULATE_ENV}) could not be installed: {exc}"
-    return None
-
-
 # ------------------------------------------------------------------------------------------ once
 def _may_have_publishers() -> bool:
     """A cheap pre-check before loading the anatomy side (~15 ms of imports) for --once.

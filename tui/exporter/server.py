@@ -195,10 +195,10 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     stop_demo: Callable[[], None] | None = None
     if args.demo:
-        from tui.cli import start_demo
+        from tui.startup import start_demo
 
         stop_demo, _ = start_demo(once=True)
-    from tui.cli import install_simulation
+    from tui.startup import install_simulation
 
     nvml_unavailable = install_simulation()
     if nvml_unavailable:
