@@ -87,6 +87,7 @@ class SavedTensorCounter:
 
     def __init__(self, weights: Iterable[torch.Tensor] = ()) -> None:
         self._weight_keys: frozenset[int] = frozenset()
+        self._sharded = False
         self.set_params(weights)
         self._input_keys: frozenset[int] = frozenset()
         self.device: torch.device | None = None
@@ -109,8 +110,11 @@ class SavedTensorCounter:
         self._alive_lock = threading.Lock()
 
     def set_params(self, weights: Iterable[torch.Tensor]) -> None:
-        """The weight storages (parameters and buffers): never activations."""
+        """The weight storages (parameters and buffers): never activations. Sharded parameters (DTensors:
+        FSDP2) mean that other parameters the forward saves are FSDP's gathered copies."""
+        weights = list(weights)
         self._weight_keys = frozenset(storage_key(p) for p in weights)
+        self._sharded = any(isinstance(getattr(p, "_local_tensor", None), torch.Tensor) for p in weights)
 
     def set_inputs(self, keys: frozenset[int]) -> None:
         """Storages of the forward's inputs: they existed before the step."""
@@ -231,7 +235,7 @@ class SavedTensorCounter:
         if key in self._input_keys or _is_sliced_integer_view(t):
             return _INPUT
         base = t._base if t._base is not None else t
-        if isinstance(base, torch.nn.Parameter):  # a parameter, not one of the model's: FSDP's gathered one
+        if self._sharded and isinstance(base, torch.nn.Parameter):  # not the model's: FSDP's gathered copy
             self._unsharded[id(base)] = weakref.ref(base)
             return _UNSHARDED
         return _COPY if self._is_weight_copy(t) else _ACTIVATION
