@@ -198,7 +198,7 @@ class SavedTensorCounter:
                     if _in_backward():
                         return packed
                     known = self._first_seen(t, key, storage.nbytes(), self._classify(t, key))
-                if self.track_alive and known != _INPUT:
+                if self.track_alive and known in (_ACTIVATION, _COPY):
                     return self._watch(packed, key, known, storage.nbytes())
                 return packed
             return self._observe_packed(t, packed)
@@ -220,7 +220,7 @@ class SavedTensorCounter:
             known = self._kind.get(key)
             if known is None:
                 known = self._first_seen(t, key, storage.nbytes(), kind)
-            if self.track_alive and known != _INPUT:
+            if self.track_alive and known in (_ACTIVATION, _COPY):
                 kept = self._watch(kept, key, known, storage.nbytes())
         return kept
 

@@ -63,8 +63,10 @@ def parameters_of(model_or_params: Any) -> list[torch.Tensor]:
 
 
 def parameter_count(model: torch.nn.Module) -> int:
+    """Parameters this process holds: a sharded (FSDP2) parameter counts its local shard, so bytes per
+    parameter stay the precision's (4.00 for fp32 weights), not 1/N of it."""
     # parameters() yields a shared (tied) Parameter once, so this counts tied embeddings once.
-    return sum(p.numel() for p in model.parameters())
+    return sum(local_tensor(p).numel() for p in model.parameters())
 
 
 def weight_bytes(model: torch.nn.Module) -> dict[str, int]:

@@ -788,6 +788,13 @@ class Tracker:
         named = guard.all_ok(*_NAMED)
         weights = self._sums.weights
         at_peak = self._splitter.split(split.peak, weights, split.held, pre, runtime=runtime is not None)
+        unsharded = memory.get(Component.UNSHARDED_PARAMETERS.value)
+        if unsharded is not None:
+            # The gathered parameters FSDP keeps through backward (those still held after the forward) are
+            # in the peak's remainder: named, out of temporaries.
+            held = min(unsharded, at_peak.get(Component.TEMPORARIES.value) or 0)
+            at_peak[Component.UNSHARDED_PARAMETERS.value] = held
+            at_peak[Component.TEMPORARIES.value] = (at_peak.get(Component.TEMPORARIES.value) or 0) - held
         return MemoryResult(
             step=rec.index,
             memory=memory,

@@ -180,7 +180,12 @@ def test_fsdp2_ranks_publish_their_shards(jobs: dict[str, Job]) -> None:
         full = truth["full_parameter_count"] * 4
         assert full / NPROC <= mem["weights"] <= full / NPROC * 1.02
         assert mem.get(Component.UNSHARDED_PARAMETERS.value) == truth["unsharded_after_forward"]
-        assert proc.hello is not None and proc.hello.parameter_count == truth["full_parameter_count"]
+        # parameters counted as held (the local shard), so bytes per parameter stay fp32's 4.00
+        assert proc.hello is not None and proc.hello.parameter_count == truth["parameter_count"]
+        assert proc.snapshot is not None and proc.snapshot.at_peak is not None
+        at_peak = proc.snapshot.at_peak
+        assert at_peak[Component.UNSHARDED_PARAMETERS.value] == truth["unsharded_after_forward"]
+        assert sum(v or 0 for v in at_peak.values()) == proc.snapshot.peak_bytes  # still adds up
 
 
 def test_the_hook_does_not_change_fsdp2_training(jobs: dict[str, Job]) -> None:
