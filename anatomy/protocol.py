@@ -22,6 +22,7 @@ import re
 import socket
 import stat
 import struct
+import time
 from collections.abc import Iterator, Mapping
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -559,8 +560,6 @@ class Reader:
         self.peer = peer_of(self._sock)
 
     def _connect(self, timeout: float) -> None:
-        import time
-
         # A Unix socket whose listen backlog is full refuses a non-blocking connect with EAGAIN
         # instead of queueing it (many monitors connecting at once): retry until the timeout.
         deadline = time.monotonic() + timeout
@@ -592,8 +591,6 @@ class Reader:
         anything new arrived; on EOF sets closed. What a peer sends beyond the budget between two polls
         is read on later polls. Lines already buffered are decoded first: after a ProtocolError the
         next poll goes on with the line after the bad one, and the buffer never outgrows one budget."""
-        import time
-
         got = self._drain()
         taken = 0
         deadline = time.monotonic() + budget_s
@@ -635,8 +632,6 @@ class Reader:
     def wait(self, timeout: float = 5.0, need_snapshot: bool = True) -> None:
         """Block until a hello (and a snapshot, if asked) arrived; for tests and `--once`."""
         import select
-        import time
-
         deadline = time.monotonic() + timeout
         while not self.closed:
             self.poll()

@@ -154,6 +154,7 @@ class AnatomySource:
         self._entries: dict[Path, _Entry] = {}
         self._ooms: dict[int, _OomEntry] = {}
         self._dismissed: dict[Path, int] = {}  # OOM file -> mtime_ns the user dismissed
+        self._markers = False  # a dismissal marker was written or seen (only then are orphans looked for)
         self._ignored: dict[Path, tuple[int, int]] = {}  # dismissed socket -> its _identity
         self._lock = threading.Lock()
         self._closed = False
@@ -203,6 +204,7 @@ class AnatomySource:
                 removed = True
                 self._dismissed[oom.path] = oom.mtime_ns
                 _write_marker(oom.path, oom.mtime_ns)
+                self._markers = True
             for path, entry in list(self._entries.items()):
                 if entry.pid == pid and entry.reader is None:
                     del self._entries[path]
@@ -363,6 +365,7 @@ class AnatomySource:
                 continue
             if _read_marker(path) == mtime_ns:  # dismissed by this or another monitor
                 self._dismissed[path] = mtime_ns
+                self._markers = True
                 continue
             seen.add(pid)
             known = self._ooms.get(pid)
@@ -377,8 +380,11 @@ class AnatomySource:
                 self._ooms[pid] = _OomEntry(pid, path, mtime_ns, None, None, f"unreadable OOM file: {exc}")
         for pid in set(self._ooms) - seen:
             del self._ooms[pid]
-        self._dismissed = {p: m for p, m in self._dismissed.items() if p.exists()}
-        _remove_orphan_markers(self.directory)
+        gone = [p for p in self._dismissed if not p.exists()]
+        for p in gone:
+            del self._dismissed[p]
+        if gone and self._markers:  # a dismissed record went away: its marker has nothing left to hide
+            _remove_orphan_markers(self.directory)
 
     def _expire(self, now: float) -> None:
         for path, entry in list(self._entries.items()):
