@@ -333,8 +333,8 @@ def _opt_num(d: Mapping[str, Any], key: str, limit: float = MAX_FLOAT) -> float 
     v = _req(d, key, _NUM, nullable=True)
     if v is None:
         return None
-    if v > limit:
-        raise ProtocolError(f"field {key!r}: {v:.3g} is beyond {limit:g}")
+    if v < 0 or v > limit:  # times, rates, FLOPs, ratios, bytes per parameter: none is negative
+        raise ProtocolError(f"field {key!r}: {v:.3g} is outside 0..{limit:g}")
     return float(v)
 
 
@@ -632,6 +632,7 @@ class Reader:
     def wait(self, timeout: float = 5.0, need_snapshot: bool = True) -> None:
         """Block until a hello (and a snapshot, if asked) arrived; for tests and `--once`."""
         import select
+
         deadline = time.monotonic() + timeout
         while not self.closed:
             self.poll()

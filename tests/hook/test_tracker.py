@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import gc
 import logging
 from pathlib import Path
 from types import SimpleNamespace
@@ -388,9 +389,16 @@ def test_split_at_peak_under_gradient_accumulation(hk: SimpleNamespace) -> None:
     micro-batch's gradients are held with the second one's activations."""
     model = _bert(hk)
     opt = torch.optim.AdamW(model.parameters())
-    with anatomy.track(model, opt, publish=False, sample_every=2) as tracker:
-        hk.train_steps(model, opt, 3, tracker, batch=_batch(hk, batch=16), accum=2)
-        history = list(tracker.history)
+    # Two near-equal peaks (micro-batch 1's backward, micro-batch 2's forward): garbage of earlier tests
+    # collected mid-step could tip the heap's highest reading to the wrong one. Measure a collected heap.
+    gc.collect()
+    gc.disable()
+    try:
+        with anatomy.track(model, opt, publish=False, sample_every=2) as tracker:
+            hk.train_steps(model, opt, 3, tracker, batch=_batch(hk, batch=16), accum=2)
+            history = list(tracker.history)
+    finally:
+        gc.enable()
     assert len(history) == 3
     for snap in history:
         assert snap.at_peak is not None and snap.peak_bytes is not None
