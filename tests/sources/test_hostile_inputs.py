@@ -224,32 +224,56 @@ def test_a_link_to_dev_zero_is_never_read(rt: Path, honest: Any) -> None:
 # -- hostile publishers ---------------------------------------------------------------------------------
 
 
-def test_a_flooding_publisher_cannot_stall_a_poll(rt: Path, honest: Any, servers: Any) -> None:
+FLOODER = """
+import os, socket, sys, time
+sys.path.insert(0, sys.argv[2])
+from anatomy import protocol
+from anatomy.protocol import Hello, Snapshot
+me = os.getpid()
+hello = Hello(pid=me, host="box", device="cpu", precision="fp32", optimizer="adamw", model_class="Flood",
+              parameter_count=1000, torch_version="2.13.0", started_at=time.time())
+s = socket.socket(socket.AF_UNIX); s.bind(os.path.join(sys.argv[1], protocol.socket_name(me))); s.listen(4)
+print("ready", flush=True)
+conn, _ = s.accept()
+conn.sendall(protocol.encode(hello))
+seq = 0
+try:
+    while True:  # unpaced: as fast as the socket takes it
+        seq += 1
+        snap = Snapshot(pid=me, seq=seq, time=time.time(), step=seq, memory={"weights": 4000},
+                        expected_bytes_per_param={}, parameter_count=1000)
+        conn.sendall(protocol.encode(snap) * 64)
+except OSError:
+    pass
+"""
+
+
+def test_a_flooding_publisher_cannot_stall_a_poll(rt: Path, honest: Any) -> None:
+    """A publisher in its own process floods its socket; every poll of the monitor still returns at once (the
+    old reader drained until EAGAIN: 18-56 s per poll). The bound here is loose on purpose (1 s, for a
+    loaded CI machine); benchmarks/fuzz_reader.py measures the worst poll (about 30 ms)."""
     honest()
-    hello_line = protocol.encode(hello(model_class="Flood"))
-
-    def flood(conn: socket.socket) -> None:
-        conn.sendall(hello_line)
-        seq = 0
-        while True:  # unpaced: as fast as the socket takes it
-            seq += 1
-            conn.sendall(protocol.encode(snapshot(seq=seq, suggestions=[])) * 64)
-
-    servers(rt / protocol.socket_name(ME, "flood"), flood)
-    worst = 0.0
-    seqs = []
-    with AnatomySource(rt) as source:
-        for _ in range(30):
-            start = time.perf_counter()
-            shown = poll_within(source, 10)
-            worst = max(worst, time.perf_counter() - start)
-            flood_proc = by_model(shown).get("Flood")
-            if flood_proc is not None and flood_proc.snapshot is not None:
-                seqs.append(flood_proc.snapshot.seq)
-            time.sleep(0.02)
-    assert worst < 0.25, f"a poll took {worst * 1000:.0f} ms under a flood (the old reader: 18-56 s)"
-    assert by_model(shown)["HonestModel"].state == LIVE
-    assert len(seqs) >= 10 and seqs[-1] > seqs[0]  # the flood is still read, a budget at a time
+    flooder = subprocess.Popen([sys.executable, "-c", FLOODER, str(rt), str(REPO)], stdout=subprocess.PIPE)
+    try:
+        assert flooder.stdout is not None and flooder.stdout.readline().strip() == b"ready"
+        worst = 0.0
+        seqs = []
+        with AnatomySource(rt) as source:
+            for _ in range(30):
+                start = time.perf_counter()
+                shown = poll_within(source, 10)
+                worst = max(worst, time.perf_counter() - start)
+                flood_proc = by_model(shown).get("Flood")
+                if flood_proc is not None and flood_proc.snapshot is not None:
+                    seqs.append(flood_proc.snapshot.seq)
+                time.sleep(0.02)
+            shown = settled(source)
+        assert worst < 1.0, f"a poll took {worst * 1000:.0f} ms under a flood (the old reader: 18-56 s)"
+        assert by_model(shown)["HonestModel"].state == LIVE
+        assert len(seqs) >= 10 and seqs[-1] > seqs[0]  # the flood is still read, a budget at a time
+    finally:
+        flooder.kill()
+        flooder.wait()
 
 
 @pytest.mark.parametrize(
@@ -426,13 +450,13 @@ def test_the_65th_monitor_is_told_busy_and_gets_in_when_a_slot_frees(rt: Path, h
             assert f"serves {MAX_READERS} readers" in (shown[0].error or "")
             readers.pop().close()
             freed = time.monotonic()
-            while time.monotonic() - freed < 5:
+            while time.monotonic() - freed < 8:
                 shown = poll_within(source, 5)
                 if shown and shown[0].state == LIVE and shown[0].snapshot is not None:
                     break
                 time.sleep(0.05)
             assert shown[0].state == LIVE and shown[0].snapshot is not None
-            assert time.monotonic() - freed < 2.5  # retried within seconds (the old monitor: 2 minutes)
+            assert time.monotonic() - freed < 4.0  # retried within seconds (the old monitor: 2 minutes)
             assert EXITED not in [p.state for p in shown]
     finally:
         for r in readers:
