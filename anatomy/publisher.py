@@ -21,10 +21,12 @@ import stat
 import threading
 import time
 import weakref
+from collections import deque
 from pathlib import Path
 
 from anatomy import protocol
 from anatomy.protocol import Hello, Snapshot
+from anatomy.recorder import Recorder
 from anatomy.rundir import ensure_private_dir
 
 log = logging.getLogger("anatomy")
@@ -96,8 +98,19 @@ class Publisher:
     Never raises to the caller: a failure to start returns None from ``start()`` and logs one line.
     """
 
-    def __init__(self, hello: Hello, interval_s: float = 0.5, directory: Path | None = None) -> None:
+    def __init__(
+        self,
+        hello: Hello,
+        interval_s: float = 0.5,
+        directory: Path | None = None,
+        recorder: Recorder | None = None,
+    ) -> None:
         self.hello = hello
+        # The flight recorder (anatomy.recorder), fed from this thread; publish() only appends to a
+        # bounded deque (O(1), thread-safe), so every finished step reaches the record.
+        self.recorder = recorder
+        self._to_record: deque[Snapshot] | None = deque(maxlen=65536) if recorder is not None else None
+        self._recorded_at = 0.0
         self.interval_s = max(0.0, float(interval_s))
         self._directory = Path(directory) if directory is not None else None
         self._owner_pid = os.getpid()
@@ -174,6 +187,8 @@ class Publisher:
     def publish(self, snapshot: Snapshot) -> None:
         """Make ``snapshot`` the latest; the server thread sends it at its next tick. O(1)."""
         self._latest = snapshot
+        if self._to_record is not None:
+            self._to_record.append(snapshot)
 
     def set_hello(self, hello: Hello) -> None:
         """Replace the hello (the set-up changed: an optimizer attached, the precision learnt). O(1);
@@ -186,6 +201,11 @@ class Publisher:
             directory = self._directory if self._directory is not None else protocol.runtime_dir(create=True)
             if snapshot.oom is None:
                 snapshot = dataclasses.replace(snapshot, oom="out of memory")
+            if self._to_record is not None:  # recorded by the server thread, woken now
+                self._to_record.append(snapshot)
+                if self._wake_w is not None:
+                    with contextlib.suppress(OSError):
+                        self._wake_w.send(b"r", _SEND_FLAGS)
             return protocol.write_oom_file(directory, self.hello, snapshot)
         except Exception as exc:
             self._log_once("oom", "anatomy-top: could not write the out-of-memory snapshot (%s)", exc)
@@ -288,6 +308,8 @@ class Publisher:
                 wait = self.interval_s if self.interval_s > 0 else 0.05
             else:
                 wait = _IDLE_WAIT_S
+            if self._to_record is not None:  # the recorder takes every step at the interval
+                wait = min(wait, max(self.interval_s, 0.05))
             for key, events in selector.select(timeout=wait):
                 if self._closing:
                     return
@@ -305,6 +327,7 @@ class Publisher:
             self._refresh_hello()
             if time.monotonic() - self._last_send >= self.interval_s:
                 self._send_latest()
+            self._record()
 
     def _refresh_hello(self) -> None:
         hello = self.hello
@@ -337,6 +360,7 @@ class Publisher:
         the interval, and readers get a short, bounded chance to take what is queued for them."""
         self._refresh_hello()
         self._send_latest()
+        self._record(final=True)
         deadline = time.monotonic() + budget_s
         while (busy := [r for r in self._readers.values() if r.busy]) and time.monotonic() < deadline:
             try:
@@ -347,6 +371,25 @@ class Publisher:
                 reader = self._readers.get(sock.fileno())
                 if reader is not None:
                     self._write(reader)
+
+    def _record(self, final: bool = False) -> None:
+        """Hand the steps finished since the last call to the recorder (at most once per interval,
+        at once for an OOM; on close, everything and the end record)."""
+        recorder, queue = self.recorder, self._to_record
+        if recorder is None or queue is None:
+            return
+        now = time.monotonic()
+        oom = bool(queue) and queue[-1].oom is not None
+        if not final and not oom and now - self._recorded_at < self.interval_s:
+            return
+        self._recorded_at = now
+        taken: list[Snapshot] = []
+        while queue:
+            taken.append(queue.popleft())
+        if final:
+            recorder.close(self.hello, taken)
+        else:
+            recorder.tick(self.hello, taken)
 
     def _encode(self, snapshot: Snapshot) -> bytes | None:
         try:

@@ -9,11 +9,21 @@ from anatomy import protocol
 from anatomy.hook.guard import Feature, Guard
 from anatomy.protocol import Hello, Snapshot
 from anatomy.publisher import Publisher
+from anatomy.recorder import Recorder, RecordSetting
 
 
 class Channel:
-    def __init__(self, guard: Guard, *, enabled: bool, interval_s: float, directory: Path | None) -> None:
+    def __init__(
+        self,
+        guard: Guard,
+        *,
+        enabled: bool,
+        interval_s: float,
+        directory: Path | None,
+        record: RecordSetting = None,
+    ) -> None:
         self._guard = guard
+        self._record = record
         self.enabled = enabled
         self._interval_s = interval_s
         self._directory = directory
@@ -30,7 +40,9 @@ class Channel:
             return self.publisher
         self._tried = True
         with self._guard(Feature.PUBLISH):
-            pub = Publisher(hello, interval_s=self._interval_s, directory=self._directory)
+            # The flight recorder rides on the publisher's thread; here it is only configured (no disk).
+            recorder = Recorder.from_setting(self._record, self._interval_s)
+            pub = Publisher(hello, interval_s=self._interval_s, directory=self._directory, recorder=recorder)
             if pub.start() is None:
                 self._guard.turn_off(Feature.PUBLISH, "the socket could not be opened")
                 return None

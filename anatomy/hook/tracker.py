@@ -86,6 +86,7 @@ from anatomy.hook.timing import (
 )
 from anatomy.hook.trace import MemoryTrace
 from anatomy.protocol import Hello, Snapshot, Suggestion
+from anatomy.recorder import RecordSetting
 from anatomy.vocabulary import (
     MODEL_COMPONENTS,
     Component,
@@ -168,6 +169,7 @@ class Tracker:
         precision: Precision | None = None,
         directory: Path | None = None,
         enabled: bool = True,
+        record: RecordSetting = None,
     ) -> None:
         self.enabled = enabled
         self.model = model
@@ -177,7 +179,9 @@ class Tracker:
         self._guard = Guard()
         self._schedule = Schedule(sample_every, self.interval_s)
         self._throughput = Throughput(self._guard, self._schedule, samples, tokens)
-        self._channel = Channel(self._guard, enabled=publish, interval_s=self.interval_s, directory=directory)
+        self._channel = Channel(
+            self._guard, enabled=publish, interval_s=self.interval_s, directory=directory, record=record
+        )
         self._splitter = PeakSplitter()
         self._sums = Sums()
         self._precision_override = precision
@@ -1027,9 +1031,11 @@ def track(
     grad_accum_steps: int = 1,
     precision: Precision | None = None,
     directory: Path | None = None,
+    record: RecordSetting = None,
 ) -> Tracker:
     """Attach the anatomy hook to ``model`` (and ``optimizer``). With ``ANATOMY_TOP=0`` in the
-    environment this returns a tracker that does nothing (same API)."""
+    environment this returns a tracker that does nothing (same API). ``record``: the flight recorder
+    (None: as ``ANATOMY_TOP_RECORD`` says, on by default; False: off; a path: record there)."""
     return Tracker(
         model,
         optimizer,
@@ -1042,6 +1048,7 @@ def track(
         precision=precision,
         directory=directory,
         enabled=not hook_disabled(),
+        record=record,
     )
 
 

@@ -1,0 +1,404 @@
+"""The flight recorder: what the hook publishes, kept in one file per run. Stdlib only.
+
+Everything here runs on the publisher's thread (``Publisher`` calls :meth:`Recorder.tick` at its publish
+interval and :meth:`Recorder.close` when it closes): the training thread only appends each finished
+step's snapshot to a bounded deque (O(1)), so recording never blocks or slows a step. Any error (a full
+or read-only disk, a directory someone else owns) turns recording off with one log line; nothing is
+raised.
+
+Where: ``$ANATOMY_TOP_RECORD`` when it names a directory, else ``$XDG_STATE_HOME/anatomy-top/runs``
+(default ``~/.local/state/anatomy-top/runs``); ``ANATOMY_TOP_RECORD=0`` turns recording off, and
+``anatomy.track(..., record=False | True | PATH)`` says the same in code. The directory is 0700, each
+file 0600. The format (JSON lines, versioned) is described in :mod:`anatomy.runs` and the README.
+
+Bounded: a run's file stays under ``max_bytes`` (16 MiB). When it grows past three quarters of that, the
+file is rewritten (a new file, then an atomic rename: a crash mid-rewrite leaves the old one whole):
+events (hellos, the OOM, the end) are kept, the newest quarter of the budget is kept in full, and older
+history is thinned: every other snapshot dropped, and neighbouring step rows merged in pairs (their
+mean times, their largest peak, ``n`` the steps a row stands for). Repeated rewrites thin the oldest
+part most, so a week-long run keeps its whole shape. Old runs are pruned, oldest first, once the
+directory holds more than ``max_total_bytes`` (1 GiB).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import json
+import logging
+import os
+import re
+import stat
+import time
+from collections.abc import Iterable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from anatomy import protocol
+from anatomy.protocol import Hello, Snapshot
+from anatomy.rundir import ensure_private_dir
+
+log = logging.getLogger("anatomy")
+
+FORMAT = "anatomy-top-record"
+FORMAT_VERSION = 1
+ENV_RECORD = "ANATOMY_TOP_RECORD"
+SUFFIX = ".anatomy.jsonl"
+MAX_RUN_BYTES = 16 * 1024 * 1024
+MAX_TOTAL_BYTES = 1024 * 1024 * 1024
+# How many step rows one "steps" line holds at most (a thinned history is re-chunked to this).
+ROWS_PER_LINE = 512
+_OFF = ("0", "false", "no", "off")
+_SAFE = re.compile(r"[^A-Za-z0-9_.-]+")
+
+RecordSetting = bool | str | os.PathLike[str] | None
+
+
+def default_dir() -> Path:
+    """``$XDG_STATE_HOME/anatomy-top/runs``, ``~/.local/state/anatomy-top/runs`` without it."""
+    state = os.environ.get("XDG_STATE_HOME") or os.path.join(os.path.expanduser("~"), ".local", "state")
+    return Path(state) / "anatomy-top" / "runs"
+
+
+def record_dir(setting: RecordSetting = None) -> Path | None:
+    """Where a run records, or None when recording is off. ``setting``: the ``record=`` argument of
+    ``track`` (None: the environment decides; False: off; True: on, where the environment says; a path:
+    that directory)."""
+    if setting is False:
+        return None
+    if setting is not None and setting is not True:
+        return Path(os.fspath(setting)).expanduser()
+    env = os.environ.get(ENV_RECORD, "").strip()
+    if env.lower() in _OFF:
+        return None if setting is None else default_dir()
+    if env and env.lower() not in ("1", "true", "yes", "on"):
+        return Path(env).expanduser()
+    return default_dir()
+
+
+def _safe(text: str, limit: int = 40) -> str:
+    return _SAFE.sub("_", text)[:limit] or "_"
+
+
+def file_name(hello: Hello) -> str:
+    """``<UTC start>-<host>-<pid>`` for one process; a rank of a job is ``job-<run id>-r<rank>-<UTC
+    start>-<host>-<pid>``, so the ranks of a job sort together and name their job."""
+    started = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime(hello.started_at))
+    tail = f"{started}-{_safe(hello.host)}-{hello.pid}"
+    if hello.world_size is not None and hello.world_size > 1:
+        job = _safe(hello.run_id or "none")
+        return f"job-{job}-r{hello.rank if hello.rank is not None else 0}-{tail}{SUFFIX}"
+    return f"{tail}{SUFFIX}"
+
+
+def step_row(snap: Snapshot) -> list[Any]:
+    """One step as the record keeps it: ``[step, time, step_s, peak_bytes, forward_s, backward_s,
+    optimizer_s, samples_per_s, n]`` (``n``: how many steps the row stands for; 1 until thinned)."""
+    t = snap.timing
+    return [
+        snap.step,
+        round(snap.time, 3),
+        _r(t.step_s),
+        snap.peak_bytes,
+        _r(t.forward_s),
+        _r(t.backward_s),
+        _r(t.optimizer_s),
+        _r(t.samples_per_s),
+        1,
+    ]
+
+
+def _r(x: float | None) -> float | None:
+    return None if x is None else float(f"{x:.6g}")
+
+
+def merge_rows(a: list[Any], b: list[Any]) -> list[Any]:
+    """Two neighbouring rows as one: the later step and time, mean times (weighted by the steps each
+    row stands for), the larger peak."""
+    na, nb = int(a[8]), int(b[8])
+
+    def mean(i: int) -> float | None:
+        x, y = a[i], b[i]
+        if x is None or y is None:
+            return y if x is None else x
+        return _r((x * na + y * nb) / (na + nb))
+
+    peaks = [p for p in (a[3], b[3]) if p is not None]
+    return [b[0], b[1], mean(2), max(peaks) if peaks else None, mean(4), mean(5), mean(6), mean(7), na + nb]
+
+
+@dataclass
+class _Entry:
+    kind: str  # "event" (never thinned), "snapshot", "steps"
+    data: bytes
+    rows: list[list[Any]] | None = None
+
+
+def _line(obj: dict[str, Any]) -> bytes:
+    return json.dumps(obj, separators=(",", ":"), allow_nan=False).encode() + b"\n"
+
+
+def _wrap(kind: str, message: bytes, extra: dict[str, Any] | None = None) -> bytes:
+    """``{"type": kind, ...extra, "message": <the protocol line>}``: the type first, so a reader can skip
+    what it does not need without parsing it, and the message exactly as it went on the wire."""
+    head = json.dumps({"type": kind, **(extra or {})}, separators=(",", ":"))[:-1]
+    return head.encode() + b',"message":' + message.rstrip(b"\n") + b"}\n"
+
+
+class Recorder:
+    """One run's record file. Used by the publisher's thread only (no lock needed)."""
+
+    def __init__(
+        self,
+        directory: Path,
+        *,
+        max_bytes: int = MAX_RUN_BYTES,
+        max_total_bytes: int = MAX_TOTAL_BYTES,
+        snapshot_interval_s: float = 0.5,
+    ) -> None:
+        self.directory = Path(directory)
+        self.max_bytes = max(int(max_bytes), 64 * 1024)
+        self.max_total_bytes = int(max_total_bytes)
+        self.snapshot_interval_s = float(snapshot_interval_s)
+        self.path: Path | None = None
+        self.off = False
+        self.rewrites = 0
+        self._fd: int | None = None
+        self._entries: list[_Entry] = []
+        self._size = 0
+        self._hello: Hello | None = None
+        self._last_snap: Snapshot | None = None
+        self._last_snap_at = -1e18
+        self._ended = False
+
+    @classmethod
+    def from_setting(cls, setting: RecordSetting, interval_s: float = 0.5) -> Recorder | None:
+        directory = record_dir(setting)
+        return None if directory is None else cls(directory, snapshot_interval_s=interval_s)
+
+    # -- the publisher thread's calls ------------------------------------------------------------
+
+    def tick(self, hello: Hello, snapshots: Iterable[Snapshot], final: bool = False) -> None:
+        """Record ``hello`` if it changed and the steps in ``snapshots`` (every step's row; the
+        snapshot itself at most once per ``snapshot_interval_s``, an OOM's or the final one always)."""
+        if self.off or self._ended:
+            return
+        try:
+            self._tick(hello, list(snapshots), final)
+        except Exception as exc:  # a full or read-only disk, a foreign directory: stop, say it once
+            self._stop(exc)
+
+    def close(self, hello: Hello, snapshots: Iterable[Snapshot], how: str = "finished") -> None:
+        """The last steps, then the end record: the run ended normally (an OOM is its own record)."""
+        self.tick(hello, snapshots, final=True)
+        if self.off or self._ended or self._fd is None:
+            self._close_fd()
+            return
+        self._ended = True
+        try:
+            last = self._last_snap
+            self._append(
+                _Entry(
+                    "event",
+                    _line(
+                        {
+                            "type": "end",
+                            "time": round(time.time(), 3),
+                            "how": how,
+                            "step": last.step if last is not None else None,
+                        }
+                    ),
+                )
+            )
+        except Exception as exc:
+            self._stop(exc)
+        self._close_fd()
+
+    # -- internals -------------------------------------------------------------------------------
+
+    def _tick(self, hello: Hello, snapshots: list[Snapshot], final: bool) -> None:
+        if self._fd is None:
+            self._open(hello)
+        if hello is not self._hello:
+            if self._hello is None or protocol.to_dict(hello) != protocol.to_dict(self._hello):
+                last = self._last_snap
+                at = {"at": round(time.time(), 3), "step": last.step if last is not None else None}
+                self._append(_Entry("event", _wrap("hello", protocol.encode(hello), at)))
+            self._hello = hello
+        rows: list[list[Any]] = []
+        seen: set[int] = set()
+        for snap in snapshots:
+            if snap.oom is None and id(snap) not in seen:
+                seen.add(id(snap))  # the final snapshot may come twice (published, then on close)
+                rows.append(step_row(snap))
+        if rows:
+            self._append(_Entry("steps", _line({"type": "steps", "rows": rows}), rows))
+        now = time.monotonic()
+        for snap in snapshots:
+            if snap.oom is not None:  # an event: never thinned
+                self._append(_Entry("event", _wrap("oom", protocol.encode(snap))))
+                self._last_snap = snap
+        plain = [s for s in snapshots if s.oom is None]
+        latest = plain[-1] if plain else None
+        if (
+            latest is not None
+            and latest is not self._last_snap
+            and (final or now - self._last_snap_at >= self.snapshot_interval_s)
+        ):
+            self._append(_Entry("snapshot", _wrap("snapshot", protocol.encode(latest))))
+            self._last_snap, self._last_snap_at = latest, now
+
+    def _open(self, hello: Hello) -> None:
+        directory = ensure_private_dir(self.directory)
+        self._prune(directory)
+        path = directory / file_name(hello)
+        flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_APPEND | os.O_NOFOLLOW | os.O_CLOEXEC
+        try:
+            fd = os.open(path, flags, 0o600)
+        except FileExistsError:  # a second tracker in this process, same second: take another name
+            path = path.with_name(path.name[: -len(SUFFIX)] + f"-{time.monotonic_ns() % 100000}{SUFFIX}")
+            fd = os.open(path, flags, 0o600)
+        self._fd, self.path = fd, path
+        header = {
+            "type": "record",
+            "format": FORMAT,
+            "version": FORMAT_VERSION,
+            "created": round(time.time(), 3),
+            "pid": hello.pid,
+            "host": hello.host,
+            "job": hello.run_id,
+            "rank": hello.rank,
+            "world_size": hello.world_size,
+            "max_bytes": self.max_bytes,
+        }
+        self._append(_Entry("event", _line(header)))
+
+    def _append(self, entry: _Entry) -> None:
+        if self._fd is None:
+            return
+        _write_all(self._fd, entry.data)
+        self._entries.append(entry)
+        self._size += len(entry.data)
+        if self._size > self.max_bytes * 3 // 4:
+            self._rewrite()
+
+    def _rewrite(self) -> None:
+        """Thin the older history until the file is at most half its budget, then swap it in."""
+        target = self.max_bytes // 2
+        recent_budget = self.max_bytes // 4
+        entries = self._entries
+        # The newest entries, up to a quarter of the budget, stay as they are.
+        split, acc = len(entries), 0
+        while split > 0 and acc + len(entries[split - 1].data) <= recent_budget:
+            split -= 1
+            acc += len(entries[split].data)
+        older, recent = entries[:split], entries[split:]
+        for _ in range(32):
+            if sum(len(e.data) for e in older) + acc <= target:
+                break
+            older = _thin(older)
+        self._entries = older + recent
+        data = b"".join(e.data for e in self._entries)
+        assert self.path is not None
+        tmp = self.path.with_name(self.path.name + ".tmp")
+        with contextlib.suppress(FileNotFoundError):
+            tmp.unlink()
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+        try:
+            _write_all(fd, data)
+        except BaseException:
+            os.close(fd)
+            with contextlib.suppress(OSError):
+                tmp.unlink()
+            raise
+        os.close(fd)
+        os.replace(tmp, self.path)
+        self._close_fd()
+        self._fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_NOFOLLOW | os.O_CLOEXEC)
+        self._size = len(data)
+        self.rewrites += 1
+
+    def _prune(self, directory: Path) -> None:
+        """Oldest runs first, until the directory holds at most ``max_total_bytes`` (what this run
+        will add included): never a file of a process that still runs."""
+        files: list[tuple[float, int, Path]] = []
+        for entry in os.scandir(directory):
+            if not (entry.name.endswith(SUFFIX) or entry.name.endswith(SUFFIX + ".tmp")):
+                continue
+            with contextlib.suppress(OSError):
+                st = entry.stat(follow_symlinks=False)
+                if stat.S_ISREG(st.st_mode):
+                    files.append((st.st_mtime, st.st_size, Path(entry.path)))
+        total = sum(size for _, size, _ in files) + self.max_bytes
+        for _, size, path in sorted(files):
+            if total <= self.max_total_bytes:
+                break
+            pid = _pid_of(path.name)
+            if pid is not None and protocol.pid_alive(pid) and pid != os.getpid():
+                continue
+            with contextlib.suppress(OSError):
+                path.unlink()
+                total -= size
+
+    def _stop(self, exc: BaseException) -> None:
+        self.off = True
+        self._close_fd()
+        if isinstance(exc, OSError) and exc.errno in (errno.ENOSPC, errno.EROFS, errno.EDQUOT):
+            why = "the disk is full" if exc.errno != errno.EROFS else "the disk is read-only"
+        else:
+            why = str(exc) or type(exc).__name__
+        log.warning("anatomy-top: recording stopped (%s); training and publishing go on", why)
+
+    def _close_fd(self) -> None:
+        fd, self._fd = self._fd, None
+        if fd is not None:
+            with contextlib.suppress(OSError):
+                os.close(fd)
+
+
+def _write_all(fd: int, data: bytes) -> None:
+    view = memoryview(data)
+    while view:
+        n = os.write(fd, view)
+        view = view[n:]
+
+
+def _thin(entries: list[_Entry]) -> list[_Entry]:
+    """Every other snapshot dropped, all step rows merged in pairs (readers sort rows by step, so the
+    merged rows go where the first step line was); events kept, in order."""
+    rows = [row for e in entries if e.kind == "steps" and e.rows is not None for row in e.rows]
+    rows.sort(key=lambda r: r[0])
+    out: list[_Entry] = []
+    placed = keep = False
+    for e in entries:
+        if e.kind == "steps":
+            if not placed:
+                out.extend(_row_entries(rows))
+                placed = True
+            continue
+        if e.kind == "snapshot":
+            keep = not keep
+            if not keep:
+                continue
+        out.append(e)
+    return out
+
+
+def _row_entries(rows: list[list[Any]]) -> list[_Entry]:
+    merged = [merge_rows(rows[i], rows[i + 1]) for i in range(0, len(rows) - 1, 2)]
+    if len(rows) % 2:
+        merged.append(rows[-1])
+    out = []
+    for i in range(0, len(merged), ROWS_PER_LINE):
+        chunk = merged[i : i + ROWS_PER_LINE]
+        out.append(_Entry("steps", _line({"type": "steps", "rows": chunk}), chunk))
+    return out
+
+
+_PID_RE = re.compile(r"-(\d+)(?:-\d+)?\.anatomy\.jsonl(?:\.tmp)?$")
+
+
+def _pid_of(name: str) -> int | None:
+    m = _PID_RE.search(name)
+    return int(m.group(1)) if m else None

@@ -1,0 +1,304 @@
+"""The flight recorder: a real training run's record, its bounds and thinning, an OOM, a SIGKILL mid-run,
+a torn last record, a disk that refuses writes, and where it records (never the real home)."""
+
+from __future__ import annotations
+
+import errno
+import logging
+import os
+import signal
+import stat
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+import anatomy
+from anatomy import recorder as rec_mod
+from anatomy import runs
+from anatomy.protocol import Hello, Snapshot, Timing
+from anatomy.recorder import MAX_RUN_BYTES, Recorder, record_dir
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def _tiny() -> tuple[torch.nn.Module, torch.optim.Optimizer]:
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.ReLU(), torch.nn.Linear(16, 2))
+    return model, torch.optim.SGD(model.parameters(), lr=0.01)
+
+
+def _train(tracker: anatomy.Tracker, model: torch.nn.Module, opt: torch.optim.Optimizer, steps: int) -> None:
+    x = torch.randn(4, 8)
+    for _ in range(steps):
+        with tracker.step(samples=4):
+            model(x).pow(2).mean().backward()
+            opt.step()
+            opt.zero_grad()
+
+
+def test_records_every_step_of_a_2000_step_run(tmp_path: Path) -> None:
+    model, opt = _tiny()
+    where = tmp_path / "runs"
+    published: dict[int, Snapshot] = {}
+    with anatomy.track(model, opt, record=where, interval_s=0.05) as tracker:
+        x = torch.randn(4, 8)
+        for _ in range(2000):
+            with tracker.step(samples=4):
+                model(x).pow(2).mean().backward()
+                opt.step()
+                opt.zero_grad()
+            snap = tracker.latest
+            assert snap is not None
+            published[snap.step] = snap
+    files = runs.record_files(where)
+    assert len(files) == 1
+    path = files[0]
+    assert stat.S_IMODE(path.stat().st_mode) == 0o600
+    assert stat.S_IMODE(where.stat().st_mode) == 0o700
+    assert path.stat().st_size <= MAX_RUN_BYTES
+    run = runs.read_run(path)
+    assert run.ended == "finished" and not run.torn and run.skipped == 0
+    assert run.model_class == "Sequential" and run.pid == os.getpid()
+    # Every published step is in the record with its own time and peak (nothing thinned at this size).
+    assert [r.step for r in run.rows] == sorted(published)
+    for row in run.rows:
+        snap = published[row.step]
+        assert row.n == 1 and row.peak_bytes == snap.peak_bytes
+        assert row.step_s == pytest.approx(snap.timing.step_s, rel=1e-5)
+    # Snapshots, at most one per interval, each exactly as published.
+    assert len(run.snapshots) >= 2
+    for snap in run.snapshots:
+        assert snap == published[snap.step]
+    assert run.snapshots[-1].step == max(published)  # the last one always
+    assert run.hello is not None and run.hello.pid == os.getpid()
+
+
+def _hello(**kw: object) -> Hello:
+    base = dict(
+        pid=os.getpid(),
+        host="box",
+        device="cpu",
+        precision="fp32",
+        optimizer="adamw",
+        model_class="Toy",
+        parameter_count=1000,
+        torch_version="2",
+        started_at=1_700_000_000.0,
+    )
+    base.update(kw)
+    return Hello(**base)  # type: ignore[arg-type]
+
+
+def _snap(step: int, peak: int, *, oom: str | None = None) -> Snapshot:
+    return Snapshot(
+        pid=os.getpid(),
+        seq=step + 1,
+        time=1_700_000_000.0 + step,
+        step=step,
+        memory={"weights": 4000, "activations": 1000 + step % 7},
+        expected_bytes_per_param={"weights": 4.0},
+        parameter_count=1000,
+        peak_bytes=peak,
+        timing=Timing(step_s=0.1 + (step % 10) / 100, forward_s=0.03, backward_s=0.06, optimizer_s=0.01),
+        oom=oom,
+    )
+
+
+def test_thinned_history_keeps_the_whole_shape_within_the_budget(tmp_path: Path) -> None:
+    budget = 256 * 1024
+    recorder = Recorder(tmp_path, max_bytes=budget, snapshot_interval_s=0.0)
+    hello = _hello()
+    steps = 30_000
+    spike = 1234  # one step's peak far above the rest: thinning must keep it (rows keep the largest)
+    for start in range(0, steps, 10):
+        batch = [_snap(s, 10_000 + (500_000 if s == spike else s % 100)) for s in range(start, start + 10)]
+        if start == 20_000:
+            hello = _hello(optimizer="sgd")  # a set-up change: an event, never thinned
+        recorder.tick(hello, batch)
+    recorder.tick(hello, [_snap(steps, 1, oom="CUDA out of memory")])
+    recorder.close(hello, [])
+    assert recorder.rewrites >= 1
+    assert recorder.path is not None and recorder.path.stat().st_size <= budget
+    run = runs.read_run(recorder.path)
+    # Every step is accounted for, in contiguous rows: thinned rows stand for n steps each.
+    assert sum(r.n for r in run.rows) == steps
+    expected_first = 0
+    for row in run.rows:
+        assert row.step - row.n + 1 == expected_first
+        expected_first = row.step + 1
+    assert run.rows[0].n > 1  # the oldest history was thinned ...
+    assert all(r.n == 1 for r in run.rows[-200:])  # ... the recent past is in full
+    assert max(r.peak_bytes or 0 for r in run.rows) == 510_000  # the spike survives thinning
+    spike_row = next(r for r in run.rows if r.step - r.n < spike <= r.step)
+    assert spike_row.peak_bytes == 510_000
+    # Snapshots are thinned too, but span the whole run; events all stay.
+    assert run.snapshots[0].step < 2_000 and run.snapshots[-1].step == steps - 1
+    assert [h.optimizer for _, _, h in run.hellos] == ["adamw", "sgd"]
+    assert run.hellos[1][1] is not None and 19_990 <= run.hellos[1][1] < 20_000
+    assert len(run.ooms) == 1 and run.ended == "oom"
+    assert not list(tmp_path.glob("*.tmp"))
+
+
+def test_a_torn_last_record_is_skipped_and_nothing_before_it_lost(tmp_path: Path) -> None:
+    recorder = Recorder(tmp_path, snapshot_interval_s=0.0)
+    hello = _hello()
+    for s in range(50):
+        recorder.tick(hello, [_snap(s, 100)])
+    assert recorder.path is not None
+    whole = recorder.path.read_bytes()
+    complete = runs.read_run(recorder.path)
+    assert [r.step for r in complete.rows] == list(range(50))
+    last_line_start = whole.rstrip(b"\n").rfind(b"\n") + 1
+    for cut in range(last_line_start + 1, len(whole)):  # every place a kill can tear the last record
+        recorder.path.write_bytes(whole[:cut])
+        run = runs.read_run(recorder.path)
+        assert run.torn and run.skipped == 1
+        assert [r.step for r in run.rows] == list(range(49)) or [r.step for r in run.rows] == list(range(50))
+        assert len(run.snapshots) >= 48
+
+
+KILLED = textwrap.dedent(
+    """
+    import sys, torch, anatomy
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.ReLU(), torch.nn.Linear(16, 2))
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    tracker = anatomy.track(model, opt, record=sys.argv[1], interval_s=0.05)
+    x = torch.randn(4, 8)
+    while True:
+        with tracker.step(samples=4):
+            model(x).pow(2).mean().backward()
+            opt.step()
+            opt.zero_grad()
+        print(tracker.latest.step, flush=True)
+    """
+)
+
+
+def test_sigkill_mid_run_keeps_every_step_recorded_before_it(tmp_path: Path) -> None:
+    where = tmp_path / "runs"
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "ANATOMY_TOP_DIR": str(tmp_path / "rt")}
+    child = subprocess.Popen(
+        [sys.executable, "-c", KILLED, str(where)], stdout=subprocess.PIPE, text=True, env=env
+    )
+    assert child.stdout is not None
+    seen: list[tuple[float, int]] = []
+    kill_at = time.monotonic() + 120
+    try:
+        while time.monotonic() < kill_at:  # train on for a second past step 200, then kill
+            line = child.stdout.readline()
+            if not line:
+                break
+            seen.append((time.monotonic(), int(line)))
+            if seen[-1][1] == 200:
+                kill_at = time.monotonic() + 1.0
+    finally:
+        os.kill(child.pid, signal.SIGKILL)
+        killed_at = time.monotonic()
+        child.wait(timeout=30)
+    assert seen and seen[-1][1] > 200, "the child never got past step 200"
+    files = runs.record_files(where)
+    assert len(files) == 1
+    run = runs.read_run(files[0])
+    assert run.ended == "killed" and run.end is None
+    steps = [r.step for r in run.rows]
+    assert steps == list(range(len(steps)))  # from step 0, no gap
+    # Everything finished well before the kill (a few publish intervals) is in the record.
+    settled = [s for t, s in seen if t < killed_at - 0.5]
+    assert settled and steps[-1] >= settled[-1]
+
+
+def test_a_simulated_oom_is_recorded_with_the_steps_before_it(tmp_path: Path) -> None:
+    model, opt = _tiny()
+    where = tmp_path / "runs"
+    tracker = anatomy.track(model, opt, record=where, interval_s=0.05)
+    _train(tracker, model, opt, 30)
+    with pytest.raises(torch.OutOfMemoryError), tracker.step():
+        model(torch.randn(4, 8)).sum().backward()
+        raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 20.00 GiB")
+    tracker.close()
+    run = runs.read_run(runs.record_files(where)[0])
+    assert run.ended == "oom"
+    assert len(run.ooms) == 1 and "Tried to allocate 20.00 GiB" in (run.ooms[0].oom or "")
+    assert [r.step for r in run.rows][:30] == list(range(30))
+
+
+def test_a_disk_that_refuses_writes_turns_recording_off_once(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    recorder = Recorder(tmp_path, snapshot_interval_s=0.0)
+    hello = _hello()
+    recorder.tick(hello, [_snap(0, 1)])
+    real_write = os.write
+
+    def full(fd: int, data: bytes) -> int:
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(rec_mod.os, "write", full)
+    with caplog.at_level(logging.WARNING, logger="anatomy"):
+        for s in range(1, 20):
+            recorder.tick(hello, [_snap(s, 1)])  # never raises
+        recorder.close(hello, [])
+    monkeypatch.setattr(rec_mod.os, "write", real_write)
+    assert recorder.off
+    lines = [r.getMessage() for r in caplog.records if "recording stopped" in r.getMessage()]
+    assert lines == ["anatomy-top: recording stopped (the disk is full); training and publishing go on"]
+    assert recorder.path is not None and [r.step for r in runs.read_run(recorder.path).rows] == [0]
+
+
+def test_an_unusable_record_directory_leaves_training_untouched(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    blocker = tmp_path / "a-file"
+    blocker.write_text("not a directory")
+    model, opt = _tiny()
+    with caplog.at_level(logging.WARNING, logger="anatomy"):
+        with anatomy.track(model, opt, record=blocker / "runs", interval_s=0.05) as tracker:
+            _train(tracker, model, opt, 20)
+            time.sleep(0.2)
+            assert tracker.socket_path is not None and tracker.latest is not None
+        assert tracker.error is None
+    assert len([r for r in caplog.records if "recording stopped" in r.getMessage()]) == 1
+
+
+def test_where_it_records(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    state = Path(os.environ["XDG_STATE_HOME"])
+    assert not str(state).startswith(str(Path.home() / ".local"))  # tests never record into the home
+    assert record_dir() == state / "anatomy-top" / "runs"
+    monkeypatch.setenv("ANATOMY_TOP_RECORD", "0")
+    assert record_dir() is None and record_dir(True) is not None
+    assert record_dir(tmp_path) == tmp_path  # in code, a path wins
+    monkeypatch.setenv("ANATOMY_TOP_RECORD", str(tmp_path / "elsewhere"))
+    assert record_dir() == tmp_path / "elsewhere"
+    assert record_dir(False) is None
+    monkeypatch.delenv("XDG_STATE_HOME")
+    monkeypatch.delenv("ANATOMY_TOP_RECORD")
+    assert record_dir() == Path.home() / ".local" / "state" / "anatomy-top" / "runs"
+
+
+def test_record_off_writes_nothing(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("ANATOMY_TOP_RECORD", "0")
+    model, opt = _tiny()
+    with anatomy.track(model, opt, interval_s=0.05) as tracker:
+        _train(tracker, model, opt, 5)
+    state = Path(os.environ["XDG_STATE_HOME"])
+    assert not (state / "anatomy-top").exists()
+
+
+def test_old_runs_are_pruned_oldest_first(tmp_path: Path) -> None:
+    dead = 2**22 + 12345  # beyond pid_max: no live process
+    old = []
+    for i in range(4):
+        p = tmp_path / f"2020010{i}T000000Z-box-{dead + i}{rec_mod.SUFFIX}"
+        p.write_bytes(b"x" * 100_000)
+        os.utime(p, (1_600_000_000 + i, 1_600_000_000 + i))
+        old.append(p)
+    recorder = Recorder(tmp_path, max_bytes=100_000, max_total_bytes=300_000, snapshot_interval_s=0.0)
+    recorder.tick(_hello(), [_snap(0, 1)])
+    assert [p.exists() for p in old] == [False, False, True, True]
+    assert recorder.path is not None and recorder.path.exists()
