@@ -104,10 +104,15 @@ class Run:
         return self.hello.model_class if self.hello else ""
 
     @property
-    def steps(self) -> int:
+    def last_step(self) -> int | None:
         last = [r.step for r in self.rows[-1:]] + [s.step for s in self.snapshots[-1:]]
         last += [s.step for s in self.ooms]
-        return max(last, default=0)
+        return max(last, default=None)
+
+    @property
+    def steps(self) -> int:
+        """Finished steps recorded (thinned rows count the steps they stand for)."""
+        return sum(r.n for r in self.rows)
 
     @property
     def peak_bytes(self) -> int | None:

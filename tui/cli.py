@@ -56,6 +56,9 @@ subcommands:
                         that fits (needs the 'train' extra; see '{PROG} plan --help')
   exporter [options]    a Prometheus endpoint for this node's GPUs and training processes
                         (needs the 'exporter' extra; see '{PROG} exporter --help')
+  runs [--json]         the runs the flight recorder kept, newest first
+  report RUN [-o F.html] [--png F.png]
+                        a recorded run (an id, a record file, or 'last') as one offline HTML page
 
 examples:
   {PROG}                        live monitor, refreshed {describe_interval(DEFAULT_INTERVAL)}
@@ -446,6 +449,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         return run_plan(argv[1:])
     if argv and argv[0] == "exporter":
         return run_exporter(argv[1:])
+    if argv and argv[0] in ("runs", "report"):  # the flight recorder's runs (tui.runreport)
+        from tui.runreport import cli as runreport
+
+        return (runreport.runs_main if argv[0] == "runs" else runreport.report_main)(argv[1:])
     stdout_open, stderr_open = _reserve_std_streams()
     args = parse_args(argv)  # bad input: argparse prints usage and exits 2
     if args.once and not stdout_open:
