@@ -42,6 +42,7 @@ class Job:
     log: str
     once_text: str = ""
     once_json: dict[str, Any] | None = None
+    records: Path | None = None  # the ranks' flight-recorder files (kept after the job)
 
 
 def _wait(predicate: Any, timeout: float, step: float = 0.1) -> bool:
@@ -59,7 +60,9 @@ def run_job(mode: str, hook: bool = True) -> Job:
     runtime.mkdir(mode=0o700)
     log_path = base / "log"
     env = {k: v for k, v in os.environ.items() if not k.startswith("ANATOMY_TOP")}
+    records = Path(tempfile.mkdtemp(prefix="tr-records-", dir="/tmp"))
     env.update(ANATOMY_TOP_DIR=str(runtime), OMP_NUM_THREADS="1", PYTHONPATH=str(REPO))
+    env.update(ANATOMY_TOP_RECORD=str(records))
     args = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={NPROC}"]
     args += [str(SCRIPT), "--mode", mode, "--out", str(out), "--steps", str(STEPS)]
     args += [] if hook else ["--no-hook"]
@@ -97,7 +100,8 @@ def run_job(mode: str, hook: bool = True) -> Job:
             once_text, once_json = text.stdout, json.loads(doc.stdout)
         (out / "stop").touch()
         assert proc.wait(timeout=60) == 0, log_path.read_text(errors="replace")[-4000:]
-        return Job(mode, truths, published, log_path.read_text(errors="replace"), once_text, once_json)
+        log_text = log_path.read_text(errors="replace")
+        return Job(mode, truths, published, log_text, once_text, once_json, records)
     finally:
         if proc.poll() is None:
             os.killpg(proc.pid, signal.SIGKILL)
@@ -216,12 +220,53 @@ def test_the_monitor_groups_the_ranks_of_a_job(jobs: dict[str, Job]) -> None:
     assert f"Rank {entry['slowest_rank']} is the" in job.once_text
 
 
+def test_the_report_of_a_job_is_one_page_with_both_ranks(jobs: dict[str, Job], tmp_path: Path) -> None:
+    job = jobs["ddp"]
+    assert job.records is not None
+    listed = subprocess.run(
+        [sys.executable, "-m", "tui.cli", "runs", "--json", "--dir", str(job.records)],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=True,
+    )
+    (entry,) = json.loads(listed.stdout)  # the two ranks' files are one run
+    assert entry["ranks"] == NPROC and entry["model_class"] == "Net" and entry["ended"] == "finished"
+    assert sorted(entry["pids"]) == sorted(t["pid"] for t in job.truths.values())
+    out = tmp_path / "job.html"
+    subprocess.run(
+        [sys.executable, "-m", "tui.cli", "report", entry["id"], "--dir", str(job.records), "-o", str(out)],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=True,
+    )
+    html = out.read_text()
+    for rank in range(NPROC):
+        assert f'id="memory-r{rank}"' in html and f'id="phases-r{rank}"' in html
+        assert f"<td>{rank}</td><td>{job.truths[rank]['pid']}</td>" in html
+    # what each rank recorded at its last step is what it published there
+    for rank in range(NPROC):
+        path = next(p for p in entry["paths"] if f"-r{rank}-" in Path(p).name)
+        from anatomy.runs import read_run
+
+        run = read_run(path)
+        published = job.published[rank].snapshot
+        assert published is not None and run.rank == rank
+        assert published in run.snapshots or published.step <= run.snapshots[-1].step
+        assert [r.step for r in run.rows] == list(range(len(run.rows))) and len(run.rows) >= STEPS
+
+
 def test_a_trainer_under_torchrun_publishes_one_socket_per_rank() -> None:
     base = Path(tempfile.mkdtemp(prefix="tt-", dir="/tmp"))
     runtime, out = base / "run", base / "out"
     runtime.mkdir(mode=0o700)
     env = {k: v for k, v in os.environ.items() if not k.startswith("ANATOMY_TOP")}
+    records = Path(tempfile.mkdtemp(prefix="tr-records-", dir="/tmp"))
     env.update(ANATOMY_TOP_DIR=str(runtime), OMP_NUM_THREADS="1", PYTHONPATH=str(REPO))
+    env.update(ANATOMY_TOP_RECORD=str(records))
     args = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={NPROC}"]
     args += [str(HERE / "trainer_train.py"), "--out", str(out)]
     log_path = base / "log"

@@ -6,6 +6,7 @@ from __future__ import annotations
 import errno
 import logging
 import os
+import re
 import signal
 import stat
 import subprocess
@@ -226,6 +227,15 @@ def test_a_simulated_oom_is_recorded_with_the_steps_before_it(tmp_path: Path) ->
     assert run.ended == "oom"
     assert len(run.ooms) == 1 and "Tried to allocate 20.00 GiB" in (run.ooms[0].oom or "")
     assert [r.step for r in run.rows][:30] == list(range(30))
+    # The report shows the OOM and the steps that led to it (the monitor's side: no torch needed there).
+    from tui.runreport import page
+
+    html = page.render(runs.resolve(str(run.path)))
+    oom_step = run.ooms[0].step
+    assert f"out of memory at step {oom_step}" in html and "Tried to allocate 20.00 GiB" in html
+    lead = html[html.index("The steps that led to it") :]
+    shown = [int(s) for s in re.findall(r"<tr><td class=num>(\d+)</td>", lead)]
+    assert shown == [s for s in range(30) if s < oom_step][-20:]
 
 
 def test_a_disk_that_refuses_writes_turns_recording_off_once(
