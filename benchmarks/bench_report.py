@@ -42,7 +42,7 @@ def main() -> None:
     html_path.write_text(html, encoding="utf-8")
     t0 = time.perf_counter()
     png_path = out / "report.png"
-    png.write(png_path, [[make(r, "") for r in group.runs] for make in page.MAIN_CHARTS], group.id)
+    png.write(png_path, page.picture_rows(group), group.id)
     t_png = time.perf_counter() - t0
     run = group.first
     print(

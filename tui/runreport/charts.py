@@ -64,6 +64,15 @@ class Chart:
     x_label: str = "step"
     width: int = WIDTH
     height: int = HEIGHT
+    y_max: float | None = None  # a shared scale (ranks side by side); None: this chart's own data
+
+    def data_max(self) -> float:
+        """The largest value drawn: the top of the stack or of a line."""
+        tops = [0.0] * (len(self.stacked[0].xs) if self.stacked else 0)
+        for s in self.stacked:
+            for i, y in enumerate(s.ys[: len(tops)]):
+                tops[i] += y or 0.0
+        return max(tops + [y for s in self.lines for y in s.ys if y is not None] + [0.0])
 
     @property
     def empty(self) -> bool:
@@ -128,15 +137,7 @@ def _layout(chart: Chart) -> list[Shape]:
     x0, x1 = min(all_x + [e.x for e in chart.events]), max(all_x + [e.x for e in chart.events])
     if x1 <= x0:
         x1 = x0 + 1
-    # Stacked tops, per x of the first stacked series (every stacked series shares the xs).
-    tops: list[float] = []
-    if chart.stacked:
-        base_x = chart.stacked[0].xs
-        tops = [0.0] * len(base_x)
-        for s in chart.stacked:
-            for i, y in enumerate(s.ys[: len(tops)]):
-                tops[i] += y or 0.0
-    y_max = max(tops + [y for s in chart.lines for y in s.ys if y is not None] + [0.0])
+    y_max = chart.y_max if chart.y_max is not None else chart.data_max()
     y_top = 1.0 if chart.unit == "share" else _nice(y_max * 1.05)
     pw, ph = chart.width - LEFT - RIGHT, chart.height - TOP - BOTTOM
 

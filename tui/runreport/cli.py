@@ -83,7 +83,7 @@ def report_main(argv: Sequence[str]) -> int:
         if missing is not None:
             print(f"{PROG} report: {missing}", file=sys.stderr)
             return 1
-        rows = [[make(run, "") for run in group.runs] for make in page.MAIN_CHARTS]
+        rows = page.picture_rows(group)
         png.write(Path(args.png), rows, f"{group.first.model_class} - {group.id} ({group.ended})")
         print(args.png)
     return 0

@@ -146,8 +146,28 @@ def mfu_chart(run: Run, suffix: str = "") -> Chart:
     return Chart(f"mfu{suffix}", "MFU", "ratio", [], [Series("MFU", "#cc6666", xs, ys)], events_of(run))
 
 
+def same_scale(charts: list[Chart]) -> list[Chart]:
+    """One y scale across the ranks' charts: side by side, the taller is the larger."""
+    shared = max((c.data_max() for c in charts), default=0.0)
+    for c in charts:
+        c.y_max = shared
+    return charts
+
+
 CHARTS = (memory_chart, phase_chart, op_group_chart, throughput_chart, mfu_chart)
 MAIN_CHARTS = (memory_chart, phase_chart, throughput_chart)
+
+
+def picture_rows(group: RunGroup) -> list[list[Chart]]:
+    """The main charts for ``--png``: a row per chart, a column per rank (named in each title)."""
+    rows = []
+    for make in MAIN_CHARTS:
+        charts = same_scale([make(run) for run in group.runs])
+        if len(group.runs) > 1:
+            for run, chart in zip(group.runs, charts, strict=True):
+                chart.title += f" - {_label(run)}"
+        rows.append(charts)
+    return rows
 
 
 # -- the page -----------------------------------------------------------------------------------
@@ -321,6 +341,7 @@ def render(group: RunGroup) -> str:
         body.append("</table>")
     for make in CHARTS:
         charts = [make(run, f"-r{run.rank}" if run.rank is not None else "") for run in group.runs]
+        same_scale(charts)
         body.append(f"<h2>{escape(charts[0].title)}</h2><div class=ranks>")
         for run, chart, summary in zip(group.runs, charts, ranks, strict=True):
             cap = _label(run) if len(group.runs) > 1 else ""

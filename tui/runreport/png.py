@@ -4,6 +4,7 @@ no Cairo. Pillow is an optional dependency (the ``report`` extra); without it ``
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import replace
 from pathlib import Path
 
 from tui.runreport.charts import Chart
@@ -49,7 +50,8 @@ def write(path: Path, rows: Sequence[Sequence[Chart]], heading: str) -> None:
                     draw.line(pts, fill=s.colour, width=2)
                 elif s.kind == "rule":
                     draw.line(pts, fill=s.colour, width=2 if s.name == "event" else 1)
-                elif s.kind == "text":
+                elif s.kind == "text":  # Pillow's built-in font has no µ
+                    s = replace(s, text=s.text.replace("µ", "u"))
                     anchor = {"start": "ls", "middle": "ms", "end": "rs"}[s.anchor]
                     draw.text(pts[0], s.text, fill=s.colour, font=font, anchor=anchor)
     img.save(path, format="PNG", optimize=True)
