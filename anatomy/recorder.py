@@ -171,6 +171,7 @@ class Recorder:
         self._last_snap: Snapshot | None = None
         self._last_snap_at = -1e18
         self._ended = False
+        self._header: dict[str, Any] = {}
 
     @classmethod
     def from_setting(cls, setting: RecordSetting, interval_s: float = 0.5) -> Recorder | None:
@@ -271,7 +272,9 @@ class Recorder:
             "rank": hello.rank,
             "world_size": hello.world_size,
             "max_bytes": self.max_bytes,
+            "generation": 0,  # bumped at each rewrite: a reader following the file knows to start over
         }
+        self._header = header
         self._append(_Entry("event", _line(header)))
 
     def _append(self, entry: _Entry) -> None:
@@ -294,11 +297,19 @@ class Recorder:
             split -= 1
             acc += len(entries[split].data)
         older, recent = entries[:split], entries[split:]
-        for _ in range(32):
-            if sum(len(e.data) for e in older) + acc <= target:
+        for _ in range(64):
+            sizes = {"snapshot": 0, "steps": 0, "event": 0}
+            for e in older:
+                sizes[e.kind] += len(e.data)
+            if sum(sizes.values()) + acc <= target or not (sizes["snapshot"] or sizes["steps"]):
                 break
-            older = _thin(older)
+            # Thin whichever kind takes more room, so snapshots and step rows shrink in balance (a
+            # run of slow steps keeps its rows fine; one of fast steps, its snapshots).
+            older = _thin(older, "snapshot" if sizes["snapshot"] >= sizes["steps"] else "steps")
         self._entries = older + recent
+        if self._entries and self._entries[0].data.startswith(b'{"type":"record"'):
+            self._header["generation"] = self.rewrites + 1
+            self._entries[0] = _Entry("event", _line(self._header))
         data = b"".join(e.data for e in self._entries)
         assert self.path is not None
         tmp = self.path.with_name(self.path.name + ".tmp")
@@ -364,34 +375,65 @@ def _write_all(fd: int, data: bytes) -> None:
         view = view[n:]
 
 
-def _thin(entries: list[_Entry]) -> list[_Entry]:
-    """Every other snapshot dropped, all step rows merged in pairs (readers sort rows by step, so the
-    merged rows go where the first step line was); events kept, in order."""
-    rows = [row for e in entries if e.kind == "steps" and e.rows is not None for row in e.rows]
-    rows.sort(key=lambda r: r[0])
+def _thin(entries: list[_Entry], kind: str) -> list[_Entry]:
+    """Halve one kind, evenly over the older history (so the oldest part, thinned at every rewrite, keeps
+    as much detail per step as the rest): ``snapshot``: every other one by step; ``steps``: rows merged
+    into rows of about twice the steps (readers sort rows by step, so the merged rows go where the first
+    step line was). Events are kept, in order."""
+    if kind == "snapshot":
+        snaps = [e for e in entries if e.kind == "snapshot"]
+        keep = {id(e) for e in _evenly(snaps, len(snaps) // 2)}
+        return [e for e in entries if e.kind != "snapshot" or id(e) in keep]
+    rows = sorted(
+        (row for e in entries if e.kind == "steps" and e.rows for row in e.rows), key=lambda r: r[0]
+    )
     out: list[_Entry] = []
-    placed = keep = False
+    placed = False
     for e in entries:
         if e.kind == "steps":
             if not placed:
-                out.extend(_row_entries(rows))
+                out.extend(_row_entries(_coarser(rows)))
                 placed = True
             continue
-        if e.kind == "snapshot":
-            keep = not keep
-            if not keep:
-                continue
         out.append(e)
     return out
 
 
+def _evenly(snaps: list[_Entry], count: int) -> list[_Entry]:
+    """``count`` of ``snaps`` (in file order, i.e. by step), spread evenly over their span; the first
+    and the last always."""
+    if count >= len(snaps) or len(snaps) <= 2:
+        return snaps
+    count = max(count, 2)
+    picked = [snaps[round(i * (len(snaps) - 1) / (count - 1))] for i in range(count)]
+    return list({id(e): e for e in picked}.values())
+
+
+def _coarser(rows: list[list[Any]]) -> list[list[Any]]:
+    """About half as many rows, each standing for about twice the steps: consecutive rows merged while
+    their steps stay within twice the finest row's (already coarse rows stay as they are)."""
+    if len(rows) < 2:
+        return rows
+    finest = min(int(r[8]) for r in rows)
+    limit = 2 * finest
+    out: list[list[Any]] = []
+    bucket: list[Any] | None = None
+    for row in rows:
+        if bucket is not None and int(bucket[8]) + int(row[8]) <= limit:
+            bucket = merge_rows(bucket, row)
+            continue
+        if bucket is not None:
+            out.append(bucket)
+        bucket = row
+    if bucket is not None:
+        out.append(bucket)
+    return out
+
+
 def _row_entries(rows: list[list[Any]]) -> list[_Entry]:
-    merged = [merge_rows(rows[i], rows[i + 1]) for i in range(0, len(rows) - 1, 2)]
-    if len(rows) % 2:
-        merged.append(rows[-1])
     out = []
-    for i in range(0, len(merged), ROWS_PER_LINE):
-        chunk = merged[i : i + ROWS_PER_LINE]
+    for i in range(0, len(rows), ROWS_PER_LINE):
+        chunk = rows[i : i + ROWS_PER_LINE]
         out.append(_Entry("steps", _line({"type": "steps", "rows": chunk}), chunk))
     return out
 

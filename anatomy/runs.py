@@ -6,7 +6,9 @@ The format (version 1): JSON lines, UTF-8, one record per line, each an object w
 not parse; everything before it stands.
 
 - ``record`` (the first line): ``format`` ("anatomy-top-record"), ``version``, ``created`` (Unix time),
-  ``pid``, ``host``, ``job`` (the launcher's run id), ``rank``, ``world_size``, ``max_bytes``.
+  ``pid``, ``host``, ``job`` (the launcher's run id), ``rank``, ``world_size``, ``max_bytes``,
+  ``generation`` (how many times the file was rewritten to thin it: a reader following the file
+  starts over when it changes).
 - ``hello``: ``at`` (Unix time), ``step`` (the last step recorded before it), ``message`` (the protocol's
   hello, as published). The first is the run's set-up; each later one is a set-up change.
 - ``snapshot``: ``message``, a protocol snapshot (at most about two a second; thinned when old).

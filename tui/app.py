@@ -729,7 +729,10 @@ def run_app(
         from tui.sources.machine import MachineSource
 
         machine_source = MachineSource(nvml=nvml)
-        anatomy_source = AnatomySource()
+        from tui.sources.run_history import RunHistories
+
+        # Charts that reach back to each run's start: the live processes' flight records are followed.
+        anatomy_source = AnatomySource(histories=RunHistories())
     except Exception as exc:
         give_back_terminal()
         print(f"anatomy-top: cannot start: {type(exc).__name__}: {exc}", file=sys.stderr)

@@ -71,6 +71,7 @@ examples:
   {PROG} --demo                 no GPU? a simulated 8-GPU box with a small training job
   {PROG} --demo --once          the same box as one report (waits for the job's first
                                      measured step with op groups, up to {DEMO_WAIT_S:g} s)
+  {PROG} --replay last          the last recorded run in the anatomy pane (← → to move)
   {PROG} plan ./my-model/config.json --batch-size 8 --seq-len 1024 --precision bf16 --gpu A100-40GB
 """
 
@@ -137,6 +138,11 @@ def build_parser() -> argparse.ArgumentParser:
         action="store_true",
         help="draw with ASCII only: no box drawing, blocks or symbols (automatic when the locale is not "
         "UTF-8); NO_COLOR=1 or TERM=dumb turn colour off",
+    )
+    parser.add_argument(
+        "--replay",
+        metavar="RUN",
+        help="open a recorded run (an id from 'runs', a record file, or 'last') in the anatomy pane",
     )
     filters = parser.add_argument_group(
         "filters (the monitor and --once; in the monitor u, g and P toggle them for the selected process)"
@@ -462,6 +468,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         # Textual draws on standard error.
         print(f"{PROG}: standard error is closed: the monitor has no terminal to draw on", file=sys.stdout)
         return 1
+    replay = getattr(args, "replay", None)
+    if replay:
+        from tui.replay import run_replay
+
+        return run_replay(replay)
     stop: Callable[[], None] | None = None
     try:
         starting_pid = None

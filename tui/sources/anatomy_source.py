@@ -16,11 +16,12 @@ import threading
 import time
 from collections import deque
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from anatomy import protocol
 from anatomy.protocol import Hello, ProtocolError, Reader, Snapshot
+from tui.sources.run_history import RunHistories
 
 LIVE = "live"
 OOM = "oom"
@@ -141,9 +142,13 @@ class AnatomySource:
         max_processes: int = MAX_PROCESSES,
         clock: Callable[[], float] = time.monotonic,
         owner: int | None = None,
+        histories: RunHistories | None = None,
     ) -> None:
         """``owner``: the uid the directory and every socket's server must have (default: ours; root's
-        exporter passes the user whose directory it reads). Anything else is refused, not read."""
+        exporter passes the user whose directory it reads). Anything else is refused, not read.
+        ``histories``: where live processes' flight records are followed (the monitor's charts then
+        reach back to each run's start); None: only what this source saw itself."""
+        self._histories = histories
         self._directory = Path(directory) if directory is not None else None
         self._owner = os.geteuid() if owner is None else owner
         self._exited_ttl_s = exited_ttl_s
@@ -188,9 +193,23 @@ class AnatomySource:
                     self._wait_first(wait_for_first_s)
                 self._scan_oom()
                 self._expire(self._clock())
-                return self._view()
+                return self._with_records(self._view())
             except Exception as exc:  # a monitor must keep running whatever the directory holds
                 return [TrainingProcess(pid=0, hello=None, snapshot=None, state=ERROR, error=repr(exc))]
+
+    def _with_records(self, processes: list[TrainingProcess]) -> list[TrainingProcess]:
+        """Each process's history from its flight record, where there is one and it holds more."""
+        histories = self._histories
+        if histories is None:
+            return processes
+        out = []
+        for p in processes:
+            found = histories.lookup(p.hello) if p.hello is not None else None
+            if found is not None and len(found.peaks) > len(p.memory_history):
+                p = replace(p, memory_history=found.peaks, step_time_history=found.step_times)
+            out.append(p)
+        histories.forget_except({(p.hello.pid, p.hello.started_at) for p in processes if p.hello is not None})
+        return out
 
     def dismiss(self, pid: int) -> bool:
         """Stop showing the OOM, exited or error records of ``pid``. An OOM record reappears only if a
