@@ -8,6 +8,7 @@ OOM snapshot of a run that died of it comes last.
 
 from __future__ import annotations
 
+import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import ClassVar
@@ -136,7 +137,8 @@ class ReplayApp(App[int]):
             if i != self.rank and self.frames[i]:
                 near = min(self.frames[i], key=lambda f: abs(f.snapshot.step - frame.snapshot.step))
                 group.append(process_at(other, near, self.histories[i]))
-        pane.show(process, group, None)
+        when = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(frame.snapshot.time))
+        pane.show(process, group, None, hint=f"recorded at {when}; the sparklines span the whole run")
         text = Text(f"replay {self.group.id}", style="bold")
         if len(self.group.runs) > 1:
             text.append(f"  rank {run.rank} ({self.rank + 1} of {len(self.group.runs)})")

@@ -9,7 +9,6 @@ import time
 from dataclasses import replace
 from pathlib import Path
 
-import pytest
 from textual.widgets import Sparkline
 
 from anatomy import runs
@@ -127,7 +126,8 @@ def test_a_rewritten_record_is_followed_from_its_new_start(tmp_path: Path) -> No
     )
 
 
-@pytest.mark.parametrize("recorded", [False])
-def test_no_record_means_no_history_from_it(tmp_path: Path, recorded: bool) -> None:
+def test_no_record_means_no_history_from_it(tmp_path: Path) -> None:
     histories = RunHistories(tmp_path, refresh_s=0.0)
     assert histories.lookup(synth_record.hello(999, time.time())) is None
+    synth_record.synthesize(tmp_path, 20, pid=999)  # another run of that PID (a recycled one): not it
+    assert RunHistories(tmp_path, refresh_s=0.0).lookup(synth_record.hello(999, time.time() - 86400)) is None
