@@ -51,10 +51,13 @@ class ModelStates:
     shapes: tuple[ParamShape, ...]  # each trainable parameter
     vocab_size: int | None
     depth: int | None
+    # Frozen weights (LoRA's base, a quantized base's tensors) rounded to CUDA's allocator blocks.
+    frozen_slack_cuda: int = 0
 
     def weight_bytes(self, target: Target) -> int:
         """Parameters and buffers, each its own allocation."""
-        return self.param_bytes + self.buffer_bytes + self.rounding_slack(target)
+        frozen = self.frozen_slack_cuda if target == Target.CUDA else 0
+        return self.param_bytes + self.buffer_bytes + self.rounding_slack(target) + frozen
 
     def gradient_bytes(self, target: Target) -> int:
         return self.grad_bytes + self.rounding_slack(target)
