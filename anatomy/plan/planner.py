@@ -90,6 +90,17 @@ class Planner:
             self._states = model_states(model, self.config)
         return self._states
 
+    @property
+    def has_lora_defaults(self) -> bool:
+        """PEFT has default LoRA target modules for this architecture (the technique table's rows)."""
+        from anatomy.plan.peft_model import default_targets
+
+        try:
+            default_targets(self.config)
+        except PlanError:
+            return False
+        return True
+
     def states_for(self, settings: PlanSettings) -> ModelStates:
         """The states of the model ``settings`` train: LoRA adapters and a quantized base included."""
         key = adapter_key(settings)

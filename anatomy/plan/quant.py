@@ -134,6 +134,7 @@ def _quantize_layers(model: Any, spec: QuantSpec, dtype: Any, states: list[Any])
         if isinstance(module, Conv1D):
             value = value.T
         bias = module.bias is not None
+        new: Any
         if spec.four_bit:
             with _outside_fake_mode():  # the module's own placeholder weight is replaced below
                 new = bnb.nn.Linear4bit(
@@ -174,7 +175,8 @@ def _quantize_layers(model: Any, spec: QuantSpec, dtype: Any, states: list[Any])
                 )
             cb, scb, _ = bnb.functional.int8_vectorwise_quant(value.contiguous().to(torch.float16))
             weight = torch.nn.Parameter(cb, requires_grad=False)
-            weight.CB, weight.SCB, weight.has_fp16_weights = cb, scb, False
+            for attr, val in (("CB", cb), ("SCB", scb), ("has_fp16_weights", False)):
+                setattr(weight, attr, val)
             new.state.CB, new.state.SCB = cb, scb
             states.append(scb)
         new._parameters["weight"] = weight

@@ -59,10 +59,18 @@ class Target(str, Enum):
     CPU = "cpu"
 
 
-OPTIMIZERS: tuple[str, ...] = ("adamw", "adamw-8bit", "sgd", "adafactor", "adafactor-torch")
+OPTIMIZERS: tuple[str, ...] = (
+    "adamw",
+    "adamw-8bit",
+    "paged-adamw-8bit",
+    "sgd",
+    "adafactor",
+    "adafactor-torch",
+)
 OPTIMIZER_KINDS: dict[str, OptimizerKind] = {
     "adamw": OptimizerKind.ADAMW,
     "adamw-8bit": OptimizerKind.ADAMW_8BIT,
+    "paged-adamw-8bit": OptimizerKind.ADAMW_8BIT,  # the same states, in pageable (unified) memory
     "sgd": OptimizerKind.SGD_MOMENTUM,
     "adafactor": OptimizerKind.ADAFACTOR,
     "adafactor-torch": OptimizerKind.ADAFACTOR,
