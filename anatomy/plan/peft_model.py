@@ -21,8 +21,16 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
-from anatomy.plan.quant import QuantSpec, linear_shape, quantize, quantized_linears, quantized_weights_bytes
+from anatomy.plan.quant import (
+    COMPUTE_DTYPE_SIZE,
+    QuantSpec,
+    linear_shape,
+    quantize,
+    quantized_linears,
+    quantized_weights_bytes,
+)
 from anatomy.plan.settings import PlanError, PlanSettings, Target
+from anatomy.plan.states import allocation_bytes
 
 DEFAULT_QLORA_RANK = 8
 
@@ -138,9 +146,15 @@ def quantized_weight_adjustment(model: Any, settings: PlanSettings, target: Targ
     quant = quant_spec(settings)
     if quant is None:
         return 0, 0
-    layers = quantized_linears(model)
-    removed = sum(m.weight.numel() * m.weight.element_size() for _, m in layers)
-    added = quantized_weights_bytes([linear_shape(m) for _, m in layers], quant, target)
+    layers = [m for _, m in quantized_linears(model)]
+    removed = sum(m.weight.numel() * m.weight.element_size() for m in layers)
+    added = quantized_weights_bytes([linear_shape(m) for m in layers], quant, target)
+    # Linear4bit's forward casts its bias to the compute dtype, in place (``bias.data = ...``): from
+    # the first step on, the bias is bfloat16.
+    biases = [m.bias for m in layers if m.bias is not None]
+    if quant.four_bit:
+        removed += sum(b.numel() * b.element_size() for b in biases)
+        added += sum(allocation_bytes(b.numel() * COMPUTE_DTYPE_SIZE, target) for b in biases)
     return removed, added
 
 
@@ -153,7 +167,7 @@ def adapted_states(config: Any, task: Any, settings: PlanSettings, name: str) ->
 
     from anatomy.plan.model import build_model
     from anatomy.plan.profile import warnings_off
-    from anatomy.plan.states import allocation_bytes, model_states
+    from anatomy.plan.states import model_states
 
     try:
         with torch.device("meta"), warnings_off():
@@ -161,7 +175,7 @@ def adapted_states(config: Any, task: Any, settings: PlanSettings, name: str) ->
             removed, added = quantized_weight_adjustment(model, settings, Target.CPU)
             _, added_cuda = quantized_weight_adjustment(model, settings, Target.CUDA)
             layers = quantized_linears(model) if settings.quant else []
-            quantized = {id(m.weight) for _, m in layers}
+            quantized = {id(m.weight) for _, m in layers} | {id(m.bias) for _, m in layers}
             for _, layer in layers:  # bitsandbytes' layers are frozen (the rest trains without LoRA)
                 layer.requires_grad_(False)
             model, _ = adapt(model, config, replace(settings, quant=None))

@@ -30,6 +30,7 @@ NESTED_BLOCKSIZE = 256  # quantize_blockwise of the absmaxes
 CODE_4BIT_BYTES = 16 * 4  # get_4bit_type(): 16 float32 values, a new tensor per quantized layer
 DYNAMIC_MAP_BYTES = 256 * 4  # the nested state's copy of name2qmap["dynamic"], one per layer
 COMPUTE_DTYPE = "bfloat16"  # bnb_4bit_compute_dtype of the QLoRA recipe
+COMPUTE_DTYPE_SIZE = 2
 
 
 @dataclass(frozen=True)

@@ -94,9 +94,10 @@ def speech_workload(config: Any, settings: PlanSettings, warnings: list[str]) ->
         )
         frames = window
     frames = max(1, frames)
-    target = s.target_len or DEFAULT_SPEECH_TARGET_LEN
-    check_shape(s.batch_size, frames, target, None)
     limit = getattr(config, "max_target_positions", None)
+    default = min(DEFAULT_SPEECH_TARGET_LEN, limit) if isinstance(limit, int) else DEFAULT_SPEECH_TARGET_LEN
+    target = s.target_len or default
+    check_shape(s.batch_size, frames, target, None)
     if isinstance(limit, int) and target > limit:
         raise PlanError(f"target length {target} exceeds the model's {limit} decoder positions")
     mel_bins = int(getattr(config, "num_mel_bins", 80) or 80)
