@@ -103,7 +103,8 @@ def build_parser() -> argparse.ArgumentParser:
         "--target-len",
         type=_whole,
         metavar="N",
-        help="seq2seq-lm: label tokens (default: --seq-len); speech-seq2seq: label tokens (default 128, at most the model's decoder positions)",
+        help="seq2seq-lm: label tokens (default: --seq-len); speech-seq2seq: label tokens (default "
+        "128, at most the model's decoder positions)",
     )
     p.add_argument(
         "--audio-seconds",
