@@ -172,6 +172,7 @@ def adapted_states(config: Any, task: Any, settings: PlanSettings, name: str) ->
     try:
         with torch.device("meta"), warnings_off():
             model = build_model(config, task)
+            base_class = type(model).__name__
             removed, added = quantized_weight_adjustment(model, settings, Target.CPU)
             _, added_cuda = quantized_weight_adjustment(model, settings, Target.CUDA)
             layers = quantized_linears(model) if settings.quant else []
@@ -193,6 +194,7 @@ def adapted_states(config: Any, task: Any, settings: PlanSettings, name: str) ->
     )
     return replace(
         states,
+        model_class=base_class + (" + LoRA" if settings.lora_rank is not None else ""),
         param_bytes=states.param_bytes - removed + added,
         frozen_slack_cuda=slack + added_cuda - added,
     )
