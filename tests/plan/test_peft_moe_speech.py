@@ -104,7 +104,9 @@ def _settings(family: str, **options: Any) -> PlanSettings:
 def test_lora_plan_matches_real_peft_step(family: str, configs: dict[str, Any], real_step: Any) -> None:
     settings = _settings(family, lora_rank=8)
     result = Planner(configs[family], TASKS[family]).plan(settings)
-    measured = real_step(configs[family], TASKS[family], settings, build=_real_builder(TASKS[family], None))
+    measured = real_step(
+        configs[family], TASKS[family], settings, steps=2, build=_real_builder(TASKS[family], None)
+    )
     _check(result, measured)
     # Only the adapters train: far fewer trainable parameters than the model has.
     assert 0 < result.trainable_parameters < result.parameter_count / 10
@@ -116,7 +118,9 @@ def test_qlora_plan_matches_real_bitsandbytes_step(
 ) -> None:
     settings = _settings(family, lora_rank=8, quant="nf4")
     result = Planner(configs[family], TASKS[family]).plan(settings)
-    measured = real_step(configs[family], TASKS[family], settings, build=_real_builder(TASKS[family], "nf4"))
+    measured = real_step(
+        configs[family], TASKS[family], settings, steps=2, build=_real_builder(TASKS[family], "nf4")
+    )
     _check(result, measured)
 
 
@@ -132,6 +136,7 @@ def test_lora_dropout_saves_the_dropped_input(configs: dict[str, Any], real_step
         configs["llama"],
         "causal-lm",
         settings,
+        steps=2,
         build=lambda cfg: get_peft_model(
             _auto("causal-lm").from_config(cfg), LoraConfig(r=8, lora_dropout=0.1)
         ),
@@ -146,7 +151,9 @@ def test_int8_base_with_lora(configs: dict[str, Any], real_step: Any) -> None:
     temporaries are not the fake kernel's)."""
     settings = _settings("llama", lora_rank=8, quant="int8")
     result = Planner(configs["llama"], "causal-lm").plan(settings)
-    measured = real_step(configs["llama"], "causal-lm", settings, build=_real_builder("causal-lm", "int8"))
+    measured = real_step(
+        configs["llama"], "causal-lm", settings, steps=2, build=_real_builder("causal-lm", "int8")
+    )
     _check(result, measured, peak_rel=0.15)
 
 
@@ -209,7 +216,7 @@ def test_moe_plan_matches_real_step(
     config = moe_configs[family]
     settings = PlanSettings(batch_size=4, seq_len=64, target="cpu", precision=precision)
     result = Planner(config, "causal-lm").plan(settings)
-    measured = real_step(config, "causal-lm", settings)
+    measured = real_step(config, "causal-lm", settings, steps=2)
     _check(result, measured)
     # Every expert's weights are counted: an independent count of the experts' parameters.
     experts = getattr(config, "num_local_experts", None) or config.num_experts
@@ -256,7 +263,7 @@ def test_whisper_plan_matches_real_step(precision: Precision, whisper_config: An
     result = planner.plan(settings)
     # The model's window: the encoder's positions after its stride-2 convolution, 100 frames a second.
     assert result.workload.audio_frames == 2 * whisper_config.max_source_positions
-    measured = real_step(whisper_config, "speech-seq2seq", settings, padded=True)
+    measured = real_step(whisper_config, "speech-seq2seq", settings, steps=2, padded=True)
     assert measured.inputs["input_features"] == (4, 16, 2 * whisper_config.max_source_positions)
     _check(result, measured)
 
