@@ -183,7 +183,7 @@ def test_4bit_layout_matches_linear4bit(shape: tuple[int, int], double_quant: bo
 
 @pytest.fixture(scope="module")
 def moe_configs() -> dict[str, Any]:
-    from transformers import MixtralConfig, Qwen2MoeConfig
+    from transformers import GptOssConfig, MixtralConfig, Qwen2MoeConfig
 
     common = {
         "vocab_size": 1000,
@@ -203,12 +203,25 @@ def moe_configs() -> dict[str, Any]:
             num_experts=4,
             **common,
         ),
+        "gpt_oss": GptOssConfig(
+            intermediate_size=64,
+            head_dim=16,
+            num_local_experts=4,
+            sliding_window=32,
+            layer_types=["sliding_attention", "full_attention"],
+            **common,
+        ),
     }
 
 
 @pytest.mark.parametrize(
     ("family", "precision"),
-    [("mixtral", Precision.FP32), ("mixtral", Precision.BF16_MIXED), ("qwen2_moe", Precision.FP32)],
+    [
+        ("mixtral", Precision.FP32),
+        ("mixtral", Precision.BF16_MIXED),
+        ("qwen2_moe", Precision.FP32),
+        ("gpt_oss", Precision.FP32),
+    ],
 )
 def test_moe_plan_matches_real_step(
     family: str, precision: Precision, moe_configs: dict[str, Any], real_step: Any
