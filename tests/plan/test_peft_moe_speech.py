@@ -288,3 +288,23 @@ def test_whisper_as_causal_lm_is_warned(whisper_config: Any) -> None:
     workload, warnings = Planner(whisper_config).workload(PlanSettings(audio_seconds=0.5))
     assert workload.audio_frames == 2 * whisper_config.max_source_positions
     assert any("pads every clip" in w for w in warnings)
+
+
+def test_gemma2_still_plans(real_step: Any) -> None:
+    """Gemma2 (alternating sliding-window and global attention, soft-capped logits) keeps working."""
+    from transformers import Gemma2Config
+
+    config = Gemma2Config(
+        vocab_size=1000,
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=16,
+        max_position_embeddings=128,
+        sliding_window=32,
+    )
+    settings = PlanSettings(batch_size=4, seq_len=64, target="cpu")
+    result = Planner(config, "causal-lm").plan(settings)
+    _check(result, real_step(config, "causal-lm", settings, steps=2))
