@@ -146,6 +146,16 @@ def test_lora_dropout_saves_the_dropped_input(configs: dict[str, Any], real_step
     assert result.components[Component.ACTIVATIONS] > plain.components[Component.ACTIVATIONS]
 
 
+def test_lora_with_checkpointing(configs: dict[str, Any], real_step: Any) -> None:
+    """LoRA with per-layer checkpointing (transformers' own, on the PEFT-wrapped model)."""
+    settings = _settings("llama", lora_rank=8, gradient_checkpointing=True)
+    result = Planner(configs["llama"], "causal-lm").plan(settings)
+    measured = real_step(
+        configs["llama"], "causal-lm", settings, steps=2, build=_real_builder("causal-lm", None)
+    )
+    _check(result, measured)
+
+
 def test_int8_base_with_lora(configs: dict[str, Any], real_step: Any) -> None:
     """LLM.int8() base: states and activations exact; the peak is looser (the CPU int8 matmul's
     temporaries are not the fake kernel's)."""
