@@ -146,6 +146,16 @@ def test_lora_dropout_saves_the_dropped_input(configs: dict[str, Any], real_step
     assert result.components[Component.ACTIVATIONS] > plain.components[Component.ACTIVATIONS]
 
 
+def test_quantized_base_alone(configs: dict[str, Any], real_step: Any) -> None:
+    """--quant nf4 without LoRA: the 4-bit layers frozen, every other module (embeddings, norms,
+    the head) trained, as a model loaded with a BitsAndBytesConfig trains."""
+    settings = _settings("llama", quant="nf4")
+    result = Planner(configs["llama"], "causal-lm").plan(settings)
+    build = _real_builder("causal-lm", "nf4", lora=False)
+    measured = real_step(configs["llama"], "causal-lm", settings, steps=2, build=build)
+    _check(result, measured)
+
+
 def test_lora_with_checkpointing(configs: dict[str, Any], real_step: Any) -> None:
     """LoRA with per-layer checkpointing (transformers' own, on the PEFT-wrapped model)."""
     settings = _settings("llama", lora_rank=8, gradient_checkpointing=True)
