@@ -17,6 +17,7 @@ from typing import Any, NoReturn, TextIO
 from anatomy.plan.report import PROG, render_text, to_json, wrap
 from anatomy.plan.settings import (
     OPTIMIZER_IMPLS,
+    QUANT_TYPES,
     PlanError,
     PlanSettings,
     Target,
@@ -99,7 +100,17 @@ def build_parser() -> argparse.ArgumentParser:
         help="tokens per sequence; seq2seq-lm: source tokens (default 512)",
     )
     p.add_argument(
-        "--target-len", type=_whole, metavar="N", help="seq2seq-lm: label tokens (default: --seq-len)"
+        "--target-len",
+        type=_whole,
+        metavar="N",
+        help="seq2seq-lm: label tokens (default: --seq-len); speech-seq2seq: label tokens (default "
+        "128, at most the model's decoder positions)",
+    )
+    p.add_argument(
+        "--audio-seconds",
+        type=_seconds,
+        metavar="S",
+        help="speech-seq2seq: seconds of audio per clip (default: the model's window, 30 s for Whisper)",
     )
     p.add_argument(
         "--image-size",
@@ -126,7 +137,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--precision", choices=sorted(_PRECISIONS), default="fp32", help="fp16/bf16 = mixed precision"
     )
-    p.add_argument("--optimizer", choices=["adamw", "adamw-8bit", "sgd", "adafactor"], default="adamw")
+    p.add_argument(
+        "--optimizer",
+        choices=["adamw", "adamw-8bit", "paged-adamw-8bit", "sgd", "adafactor"],
+        default="adamw",
+    )
+    _add_adapter_options(p)
     p.add_argument("--gradient-checkpointing", action="store_true")
     p.add_argument(
         "--grad-accum", type=_whole, default=1, metavar="N", help="micro-batches per optimizer step"
@@ -164,8 +180,72 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
+def _seconds(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number of seconds") from None
+    if not 0 < value <= 3600:
+        raise argparse.ArgumentTypeError(f"{text} must be in (0, 3600] seconds")
+    return value
+
+
+def _dropout(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a probability") from None
+    if not 0.0 <= value < 1.0:
+        raise argparse.ArgumentTypeError(f"{text} must be in [0, 1)")
+    return value
+
+
+def _add_adapter_options(p: argparse.ArgumentParser) -> None:
+    """LoRA / QLoRA / a quantized base (anatomy.plan.peft_model, anatomy.plan.quant)."""
+    p.add_argument(
+        "--lora",
+        type=_whole,
+        metavar="R",
+        help="LoRA adapters of rank R (PEFT): the base frozen, gradients and optimizer states for "
+        "the adapters only",
+    )
+    p.add_argument(
+        "--lora-targets",
+        metavar="M,M",
+        help="modules to adapt, e.g. q_proj,v_proj (default: PEFT's defaults for the architecture)",
+    )
+    p.add_argument(
+        "--lora-dropout",
+        type=_dropout,
+        default=0.0,
+        metavar="P",
+        help="LoRA dropout (default 0, PEFT's); above 0 each adapted layer saves its dropped input",
+    )
+    p.add_argument(
+        "--qlora",
+        action="store_true",
+        help="QLoRA: the base in 4-bit nf4 with double quantization and bf16 compute (bitsandbytes), "
+        "LoRA on top (rank from --lora, default 8)",
+    )
+    p.add_argument(
+        "--quant",
+        choices=list(QUANT_TYPES),
+        help="a bitsandbytes-quantized frozen base (nf4, fp4: 4-bit; int8: LLM.int8()); with --lora, "
+        "LoRA on it",
+    )
+
+
 def settings_from(args: argparse.Namespace) -> PlanSettings:
+    targets = None
+    if args.lora_targets is not None:
+        targets = tuple(t.strip() for t in args.lora_targets.split(","))
+    rank = args.lora if args.lora is not None else (8 if args.qlora else None)
     return PlanSettings(
+        lora_rank=rank,
+        lora_targets=targets,
+        lora_dropout=args.lora_dropout,
+        quant=args.quant or ("nf4" if args.qlora else None),
+        audio_seconds=args.audio_seconds,
         batch_size=args.batch_size,
         seq_len=args.seq_len,
         precision=_PRECISIONS[args.precision],

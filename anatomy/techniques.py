@@ -26,6 +26,9 @@ CHECKPOINTING = "gradient_checkpointing"
 MIXED_PRECISION = "mixed_precision"
 ADAMW_8BIT = "adamw_8bit"
 ADAFACTOR = "adafactor"
+PAGED_ADAMW_8BIT = "paged_adamw_8bit"
+LORA = "lora"
+QLORA = "qlora"
 TF32 = "tf32"
 
 
@@ -82,6 +85,32 @@ TECHNIQUES: dict[str, Technique] = {
         ADAFACTOR,
         "Adafactor",
         "TrainingArguments(optim='adafactor')",
+        None,
+        None,
+        None,
+    ),
+    PAGED_ADAMW_8BIT: Technique(
+        PAGED_ADAMW_8BIT,
+        "Paged 8-bit AdamW",
+        "bnb.optim.PagedAdamW8bit(...) / TrainingArguments(optim='paged_adamw_8bit')",
+        None,
+        None,
+        None,
+    ),
+    LORA: Technique(
+        LORA,
+        "LoRA (r=8)",
+        "peft.get_peft_model(model, LoraConfig(r=8)): adapters train, the base is frozen",
+        None,
+        None,
+        None,
+    ),
+    QLORA: Technique(
+        QLORA,
+        "QLoRA (nf4, r=8)",
+        "from_pretrained(..., quantization_config=BitsAndBytesConfig(load_in_4bit=True, "
+        "bnb_4bit_quant_type='nf4', bnb_4bit_use_double_quant=True, bnb_4bit_compute_dtype=torch.bfloat16)) "
+        "+ LoraConfig(r=8)",
         None,
         None,
         None,

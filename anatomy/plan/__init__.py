@@ -6,6 +6,9 @@ The package, by responsibility (each module's docstring says more):
 * ``config``    — loading a transformers config, its default task, its layer stacks and position limit
 * ``workload``  — the settings resolved against a config: one micro-batch's shapes, padding, KV cache
 * ``model``     — building the model and its inputs (shared with the tests' real runs)
+* ``peft_model`` — LoRA / QLoRA: the PEFT-wrapped (and bitsandbytes-quantized) model a run trains
+* ``quant``     — which layers bitsandbytes quantizes, and its 4-bit / int8 layout in bytes
+* ``moe``       — mixture-of-experts: the experts' grouped matmul on fake tensors, routing
 * ``states``    — weights, gradients, optimizer states and step temporaries from shapes
 * ``timeline``  — the allocation timeline of a fake step and its replay into phase peaks
 * ``kernels``   — CUDA kernels' memory on fake CPU tensors (dropout masks, fused attention, autocast)

@@ -68,6 +68,8 @@ def hub_reachable(timeout: float = 2.0) -> bool:
 def default_task(config: Any) -> Task:
     """The task ``config.architectures`` names; else the one its model type supports."""
     encoder_decoder = bool(getattr(config, "is_encoder_decoder", False))
+    if encoder_decoder and is_speech(config):
+        return Task.SPEECH_SEQ2SEQ  # Whisper's own architectures name no task word we could read
     for arch in (a.lower() for a in (getattr(config, "architectures", None) or [])):
         if "forimageclassification" in arch:
             return Task.IMAGE_CLASSIFICATION
@@ -92,6 +94,26 @@ def default_task(config: Any) -> Task:
     ):
         return Task.CAUSAL_LM
     return Task.SEQUENCE_CLASSIFICATION  # the guide's example: BERT with a classification head
+
+
+def is_speech(config: Any) -> bool:
+    """A speech encoder-decoder (Whisper, Speech2Text, ...): its encoder takes audio features."""
+    from transformers.models.auto import modeling_auto as auto
+
+    return getattr(config, "model_type", "") in auto.MODEL_FOR_SPEECH_SEQ_2_SEQ_MAPPING_NAMES
+
+
+def task_warning(config: Any, task: Task) -> str | None:
+    """A head that trains another model than the config's users train: an encoder-decoder planned as
+    a causal LM has no encoder (WhisperForCausalLM is Whisper's text decoder alone)."""
+    if task is Task.CAUSAL_LM and getattr(config, "is_encoder_decoder", False):
+        right = Task.SPEECH_SEQ2SEQ if is_speech(config) else Task.SEQ2SEQ_LM
+        return (
+            f"{getattr(config, 'model_type', 'this model')} is an encoder-decoder: causal-lm plans its "
+            f"decoder alone (no encoder, no {'audio features' if is_speech(config) else 'source tokens'}); "
+            f"the model users train is planned with --task {right.value}"
+        )
+    return None
 
 
 # ---------------------------------------------------------------------------------------------

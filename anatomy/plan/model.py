@@ -24,6 +24,7 @@ def auto_class(task: Task) -> Any:
         Task.MASKED_LM: transformers.AutoModelForMaskedLM,
         Task.SEQ2SEQ_LM: transformers.AutoModelForSeq2SeqLM,
         Task.IMAGE_CLASSIFICATION: transformers.AutoModelForImageClassification,
+        Task.SPEECH_SEQ2SEQ: transformers.AutoModelForSpeechSeq2Seq,
     }[task]
 
 
@@ -49,7 +50,10 @@ def prepare_config(config: Any, task: Task, use_cache: bool | None = None) -> An
         # Decoder models refuse batches > 1 for classification without a pad token.
         eos = getattr(cfg, "eos_token_id", None)
         cfg.pad_token_id = (eos[0] if isinstance(eos, list) else eos) if eos is not None else 0
-    if task is Task.SEQ2SEQ_LM and getattr(cfg, "decoder_start_token_id", None) is None:
+    if (
+        task in (Task.SEQ2SEQ_LM, Task.SPEECH_SEQ2SEQ)
+        and getattr(cfg, "decoder_start_token_id", None) is None
+    ):
         # T5's configs on the hub name it (the pad token); a config written from scratch may not.
         cfg.decoder_start_token_id = getattr(cfg, "pad_token_id", None) or 0
     if use_cache is not None:
@@ -97,6 +101,8 @@ def make_inputs(config: Any, workload: Workload, device: str | torch.device = "c
         if w.interpolate_pos_encoding:
             inputs["interpolate_pos_encoding"] = True
         return inputs
+    if w.task is Task.SPEECH_SEQ2SEQ:
+        return speech_inputs(config, w, device)
     assert w.seq_len is not None
     vocab = int(getattr(config, "vocab_size", 30000) or 30000)
     pad = getattr(config, "pad_token_id", None)
@@ -120,3 +126,16 @@ def make_inputs(config: Any, workload: Workload, device: str | torch.device = "c
     else:
         inputs["labels"] = ids.masked_fill(mask == 0, -100) if mask is not None else ids.clone()
     return inputs
+
+
+def speech_inputs(config: Any, workload: Workload, device: str | torch.device = "cpu") -> dict[str, Any]:
+    """A speech batch as Whisper's feature extractor and a seq2seq collator build it: log-mel
+    features (batch, mel bins, frames) and label tokens, -100 on their padding."""
+    w = workload
+    assert w.audio_frames is not None and w.mel_bins is not None and w.target_len is not None
+    vocab = int(getattr(config, "vocab_size", 30000) or 30000)
+    labels = torch.randint(min(100, vocab - 1), vocab, (w.batch_size, w.target_len), device=device)
+    if w.padded:
+        labels.masked_fill_(_padding_mask(w.batch_size, w.target_len, device) == 0, -100)
+    features = torch.randn(w.batch_size, w.mel_bins, w.audio_frames, device=device)
+    return {"input_features": features, "labels": labels}

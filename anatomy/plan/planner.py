@@ -25,6 +25,8 @@ from anatomy.plan.config import default_task
 from anatomy.plan.depth import profile_by_depth
 from anatomy.plan.gpu import resolve_gpu
 from anatomy.plan.model import build_model, model_class, prepare_config
+from anatomy.plan.moe import routing_note
+from anatomy.plan.peft_model import adapted_states, adapter_key, adapter_notes
 from anatomy.plan.profile import StepProfile, run_step_profile, warnings_off
 from anatomy.plan.result import PlanResult
 from anatomy.plan.settings import PlanError, PlanSettings, Target, Task, check_gpu, check_settings
@@ -72,6 +74,7 @@ class Planner:
         )
         self.config = prepare_config(config, self.task)
         self._states: ModelStates | None = None
+        self._adapted_states: dict[tuple, ModelStates] = {}
         self._profiles: dict[tuple, StepProfile] = {}
 
     @property
@@ -87,10 +90,31 @@ class Planner:
             self._states = model_states(model, self.config)
         return self._states
 
+    @property
+    def has_lora_defaults(self) -> bool:
+        """PEFT has default LoRA target modules for this architecture (the technique table's rows)."""
+        from anatomy.plan.peft_model import default_targets
+
+        try:
+            default_targets(self.config)
+        except PlanError:
+            return False
+        return True
+
+    def states_for(self, settings: PlanSettings) -> ModelStates:
+        """The states of the model ``settings`` train: LoRA adapters and a quantized base included."""
+        key = adapter_key(settings)
+        if key == (None, None):
+            return self.states
+        if key not in self._adapted_states:
+            self._adapted_states[key] = adapted_states(self.config, self.task, settings, self.name)
+        return self._adapted_states[key]
+
     def check(self, settings: PlanSettings, gpu: str | None = None, gpu_bytes: int | None = None) -> Workload:
         """Every check a plan makes before running anything; returns the resolved workload."""
         check_settings(settings)
         check_gpu(gpu, gpu_bytes, settings.target)
+        self.states_for(settings)  # LoRA targets that are not modules of the model: before the fake step
         if settings.gradient_checkpointing and not self.supports_checkpointing:
             raise PlanError(f"{self.model_class.__name__} does not support gradient checkpointing")
         return self.workload(settings)[0]
@@ -109,6 +133,7 @@ class Planner:
             settings.keep_outputs,
             settings.exact_depth,
             settings.fused_attention,
+            adapter_key(settings),
         )
         if key not in self._profiles:
             self._profiles[key] = self._run_profile(workload, settings)
@@ -152,7 +177,7 @@ class Planner:
         """The plan from a step profile (run, or synthesized by the batch search) and the model states."""
         started = time.perf_counter() if started is None else started
         workload, warnings = self.workload(settings)
-        states = self.states
+        states = self.states_for(settings)
         target = settings.target
         opt_states = optimizer_state_bytes(settings.optimizer, states.shapes, target)
         opt_temp = optimizer_step_temporary_bytes(settings.optimizer, states, target, settings.optimizer_impl)
@@ -222,7 +247,10 @@ class Planner:
         )
 
     def _notes(self, settings: PlanSettings, workload: Workload, prof: StepProfile) -> list[str]:
-        notes = []
+        notes = adapter_notes(settings)
+        moe = routing_note(self.config)
+        if moe:
+            notes.append(moe)
         if prof.extrapolated_from:
             runs = prof.extrapolated_from
             if all(len(r) == 1 for r in runs):

@@ -31,6 +31,8 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 from anatomy.plan.kernels import cuda_kernels
 from anatomy.plan.model import build_model, enable_checkpointing, make_inputs
+from anatomy.plan.moe import fake_grouped_mm
+from anatomy.plan.peft_model import adapt
 from anatomy.plan.settings import PlanError, PlanSettings, Target
 from anatomy.plan.timeline import Category, Mark, PhasePeak, Timeline, replay, zero_categories
 from anatomy.plan.values import is_fake
@@ -169,17 +171,19 @@ def run_step_profile(config: Any, workload: Workload, settings: PlanSettings) ->
     with FakeTensorMode(allow_non_fake_inputs=True), warnings_off():
         with _InitValues():
             model = build_model(config, workload.task)
+            model, quant_states = adapt(model, config, settings)
         model.train()
         if settings.gradient_checkpointing:
             enable_checkpointing(model)
         params = {p.untyped_storage()._cdata: p for p in model.parameters()}
         params.update({b.untyped_storage()._cdata: b for b in model.buffers()})
+        params.update({t.untyped_storage()._cdata: t for t in quant_states})
         kernels = (
             cuda_kernels(settings.fused_attention)
             if settings.target == Target.CUDA
             else contextlib.nullcontext()
         )
-        with timeline, kernels:
+        with timeline, kernels, fake_grouped_mm():
             for t in params.values():
                 timeline.param_ids.add(timeline.register(t))
             params_in_run = timeline.bytes_of(timeline.param_ids)

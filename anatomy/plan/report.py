@@ -24,6 +24,7 @@ INDENT = "  "
 OPTIMIZER_LABELS = {
     "adamw": "AdamW",
     "adamw-8bit": "8-bit AdamW",
+    "paged-adamw-8bit": "paged 8-bit AdamW",
     "sgd": "SGD with momentum",
     "adafactor": "Adafactor",
     "adafactor-torch": "Adafactor (torch)",
@@ -81,6 +82,10 @@ def describe(result: PlanResult) -> str:
         PRECISION_LABELS.get(s.precision, s.precision.value),
         OPTIMIZER_LABELS.get(s.optimizer, s.optimizer),
     ]
+    if s.lora_rank is not None:
+        parts.append(f"{'QLoRA' if s.quant in ('nf4', 'fp4') else 'LoRA'} r={s.lora_rank}")
+    if s.quant is not None:
+        parts.append(f"{s.quant} base")
     if s.gradient_checkpointing:
         parts.append("gradient checkpointing")
     if s.grad_accum > 1:

@@ -75,6 +75,20 @@ def single_techniques(settings: PlanSettings, checkpointing: bool = True) -> lis
     return out
 
 
+def adapter_techniques(settings: PlanSettings, lora: bool) -> list[tuple[str, PlanSettings]]:
+    """Rows beside the guide's techniques: paged 8-bit AdamW, and LoRA / QLoRA at rank 8 on PEFT's
+    default targets (``lora``: PEFT has defaults for the architecture). Not in the best combination:
+    LoRA trains another set of weights than full fine-tuning, so it is the user's choice, not a
+    drop-in saving; paged 8-bit AdamW holds what 8-bit AdamW holds while it stays resident."""
+    out: list[tuple[str, PlanSettings]] = []
+    if settings.optimizer == "adamw":
+        out.append((techniques.PAGED_ADAMW_8BIT, replace(settings, optimizer="paged-adamw-8bit")))
+    if lora and settings.lora_rank is None and settings.quant is None:
+        out.append((techniques.LORA, replace(settings, lora_rank=8)))
+        out.append((techniques.QLORA, replace(settings, lora_rank=8, quant="nf4")))
+    return out
+
+
 def _speed_source(factor: float | None, keys: tuple[str, ...]) -> str:
     if not keys:
         return SpeedSource.BASELINE
@@ -106,6 +120,13 @@ def technique_table(
                 planner.plan(variant, gpu, gpu_bytes),
                 tech.speed_factor,
                 _speed_source(tech.speed_factor, (key,)),
+            )
+        )
+    for key, variant in adapter_techniques(settings, planner.has_lora_defaults):
+        tech = techniques.TECHNIQUES[key]
+        rows.append(
+            TechniqueRow(
+                tech.label, (key,), variant, planner.plan(variant, gpu, gpu_bytes), None, SpeedSource.NONE
             )
         )
     best = best_combination(planner, settings, gpu, gpu_bytes)

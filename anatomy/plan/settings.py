@@ -26,10 +26,11 @@ class Task(str, Enum):
     SEQUENCE_CLASSIFICATION = "sequence-classification"
     SEQ2SEQ_LM = "seq2seq-lm"
     IMAGE_CLASSIFICATION = "image-classification"
+    SPEECH_SEQ2SEQ = "speech-seq2seq"
 
     @property
     def takes_tokens(self) -> bool:
-        return self is not Task.IMAGE_CLASSIFICATION
+        return self not in (Task.IMAGE_CLASSIFICATION, Task.SPEECH_SEQ2SEQ)
 
     @property
     def help(self) -> str:
@@ -46,6 +47,8 @@ TASK_HELP: dict[Task, str] = {
     "tokens, --target-len label tokens",
     Task.IMAGE_CLASSIFICATION: "vision models (ViT, ConvNeXt, Swin, ResNet, ...): images of "
     "--image-size pixels, one label per image",
+    Task.SPEECH_SEQ2SEQ: "speech encoder-decoder models (Whisper, Speech2Text, ...): log-mel features of "
+    "--audio-seconds of audio (default: the model's window, 30 s for Whisper), --target-len label tokens",
 }
 
 
@@ -56,10 +59,18 @@ class Target(str, Enum):
     CPU = "cpu"
 
 
-OPTIMIZERS: tuple[str, ...] = ("adamw", "adamw-8bit", "sgd", "adafactor", "adafactor-torch")
+OPTIMIZERS: tuple[str, ...] = (
+    "adamw",
+    "adamw-8bit",
+    "paged-adamw-8bit",
+    "sgd",
+    "adafactor",
+    "adafactor-torch",
+)
 OPTIMIZER_KINDS: dict[str, OptimizerKind] = {
     "adamw": OptimizerKind.ADAMW,
     "adamw-8bit": OptimizerKind.ADAMW_8BIT,
+    "paged-adamw-8bit": OptimizerKind.ADAMW_8BIT,  # the same states, in pageable (unified) memory
     "sgd": OptimizerKind.SGD_MOMENTUM,
     "adafactor": OptimizerKind.ADAFACTOR,
     "adafactor-torch": OptimizerKind.ADAFACTOR,
@@ -101,6 +112,13 @@ class PlanSettings:
     use_cache: bool | None = None  # the forward returns a KV cache; None: the config's use_cache
     target_len: int | None = None  # seq2seq: label tokens; None: = seq_len
     image_size: int | None = None  # image tasks: pixels per side; None: config.image_size
+    # Parameter-efficient fine-tuning (anatomy.plan.peft_model, anatomy.plan.quant)
+    lora_rank: int | None = None  # LoRA adapters of this rank (None: full fine-tuning)
+    lora_targets: tuple[str, ...] | None = None  # None: PEFT's defaults for the architecture
+    lora_dropout: float = 0.0  # PEFT's LoraConfig default
+    quant: str | None = None  # a bitsandbytes-quantized frozen base: nf4 | fp4 | int8
+    # Speech (Task.SPEECH_SEQ2SEQ)
+    audio_seconds: float | None = None  # None: the model's window (Whisper: 30 s)
 
     def __post_init__(self) -> None:
         # Accept the strings the CLI and JSON use; hold the enums.
@@ -165,6 +183,27 @@ def check_settings(settings: PlanSettings) -> None:
         raise PlanError(f"unknown task {s.task!r} (one of {', '.join(t.value for t in Task)})")
     if s.task is not None:
         check_task_options(s, s.task)
+    check_adapters(s)
+
+
+QUANT_TYPES: tuple[str, ...] = ("nf4", "fp4", "int8")
+
+
+def check_adapters(s: PlanSettings) -> None:
+    """LoRA and quantization settings (before torch loads)."""
+    rank = s.lora_rank
+    if rank is not None and (not isinstance(rank, int) or isinstance(rank, bool) or rank < 1):
+        raise PlanError(f"LoRA rank must be a whole number >= 1 (got {rank!r})")
+    if not 0.0 <= s.lora_dropout < 1.0:
+        raise PlanError(f"LoRA dropout must be in [0, 1) (got {s.lora_dropout!r})")
+    if rank is None and (s.lora_targets is not None or s.lora_dropout):
+        raise PlanError("--lora-targets and --lora-dropout need --lora R (or --qlora)")
+    if s.lora_targets is not None and (not s.lora_targets or not all(s.lora_targets)):
+        raise PlanError("--lora-targets needs module names, e.g. q_proj,v_proj")
+    if s.quant is not None and s.quant not in QUANT_TYPES:
+        raise PlanError(f"unknown quantization {s.quant!r} (one of {', '.join(QUANT_TYPES)})")
+    if s.audio_seconds is not None and not 0 < s.audio_seconds <= 3600:
+        raise PlanError(f"--audio-seconds must be in (0, 3600] (got {s.audio_seconds!r})")
 
 
 def check_shape(batch: int, seq_len: int | None, target_len: int | None, image_size: int | None) -> None:
@@ -194,8 +233,12 @@ def check_shape(batch: int, seq_len: int | None, target_len: int | None, image_s
 def check_task_options(settings: PlanSettings, task: Task) -> None:
     """Options that belong to other tasks are errors, not silently ignored."""
     s = settings
-    if s.target_len is not None and task is not Task.SEQ2SEQ_LM:
-        raise PlanError(f"--target-len applies to seq2seq-lm, not {task.value}")
+    if s.target_len is not None and task not in (Task.SEQ2SEQ_LM, Task.SPEECH_SEQ2SEQ):
+        raise PlanError(f"--target-len applies to seq2seq-lm and speech-seq2seq, not {task.value}")
+    if s.audio_seconds is not None and task is not Task.SPEECH_SEQ2SEQ:
+        raise PlanError(f"--audio-seconds applies to speech-seq2seq, not {task.value}")
+    if task is Task.SPEECH_SEQ2SEQ and s.seq_len is not None:
+        raise PlanError("--seq-len does not apply to speech-seq2seq (use --audio-seconds and --target-len)")
     if s.image_size is not None and task is not Task.IMAGE_CLASSIFICATION:
         raise PlanError(f"--image-size applies to image-classification, not {task.value} (use --seq-len)")
     if task is Task.IMAGE_CLASSIFICATION:

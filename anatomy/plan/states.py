@@ -51,10 +51,13 @@ class ModelStates:
     shapes: tuple[ParamShape, ...]  # each trainable parameter
     vocab_size: int | None
     depth: int | None
+    # Frozen weights (LoRA's base, a quantized base's tensors) rounded to CUDA's allocator blocks.
+    frozen_slack_cuda: int = 0
 
     def weight_bytes(self, target: Target) -> int:
         """Parameters and buffers, each its own allocation."""
-        return self.param_bytes + self.buffer_bytes + self.rounding_slack(target)
+        frozen = self.frozen_slack_cuda if target == Target.CUDA else 0
+        return self.param_bytes + self.buffer_bytes + self.rounding_slack(target) + frozen
 
     def gradient_bytes(self, target: Target) -> int:
         return self.grad_bytes + self.rounding_slack(target)
@@ -102,7 +105,9 @@ def optimizer_state_bytes(optimizer: str, shapes: tuple[ParamShape, ...], target
     for tensors with >= 2 dims, a full second moment otherwise, and the 0-dim RMS tensor (step is a
     Python int). adafactor-torch (torch.optim.Adafactor): the same moments and a 0-dim fp32 step.
     adamw-8bit (bitsandbytes): two uint8 states + one fp32 absmax per 256 values, 32-bit states for
-    tensors under 4096 values, and the two shared 256-entry quantization maps.
+    tensors under 4096 values, and the two shared 256-entry quantization maps. paged-adamw-8bit: the
+    same tensors, allocated in CUDA unified memory that the driver may page out to the host under
+    pressure (planned as resident: what the step uses when the GPU has room).
     """
 
     def r(n: int) -> int:
@@ -123,7 +128,7 @@ def optimizer_state_bytes(optimizer: str, shapes: tuple[ParamShape, ...], target
             else:
                 total += r(numel * size)
             total += r(4)  # transformers: the 0-dim RMS tensor; torch: the 0-dim step
-        elif optimizer == "adamw-8bit":
+        elif optimizer in ("adamw-8bit", "paged-adamw-8bit"):
             if numel < BNB_MIN_8BIT_SIZE:
                 total += 2 * r(numel * 4)
             else:
@@ -131,7 +136,7 @@ def optimizer_state_bytes(optimizer: str, shapes: tuple[ParamShape, ...], target
                 total += 2 * r(numel) + 2 * r(blocks * 4)
         else:
             raise PlanError(f"unknown optimizer {optimizer!r} (one of {', '.join(OPTIMIZERS)})")
-    if optimizer == "adamw-8bit" and shapes:
+    if optimizer in ("adamw-8bit", "paged-adamw-8bit") and shapes:
         total += 2 * r(256 * 4)
     return total
 

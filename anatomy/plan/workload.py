@@ -12,7 +12,7 @@ import inspect
 from dataclasses import dataclass
 from typing import Any
 
-from anatomy.plan.config import position_limit
+from anatomy.plan.config import position_limit, task_warning
 from anatomy.plan.settings import (
     DEFAULT_SEQ_LEN,
     PlanError,
@@ -34,10 +34,16 @@ class Workload:
     padded: bool  # the batch carries an attention mask with padding
     use_cache: bool  # the forward returns a KV cache (the config's use_cache, or as set)
     interpolate_pos_encoding: bool  # ViT-style models fed another image size than their config's
+    audio_frames: int | None = None  # speech: feature frames per clip (100 a second)
+    mel_bins: int | None = None  # speech: features per frame
 
     def describe(self) -> str:
         if self.task is Task.IMAGE_CLASSIFICATION:
             return f"batch {self.batch_size} x {self.image_size}x{self.image_size} images"
+        if self.task is Task.SPEECH_SEQ2SEQ:
+            seconds = (self.audio_frames or 0) / FRAMES_PER_SECOND
+            text = f"batch {self.batch_size} x {seconds:g} s audio / target {self.target_len} tokens"
+            return text + (", padded labels" if self.padded else "")
         if self.task is Task.SEQ2SEQ_LM:
             text = f"batch {self.batch_size} x source {self.seq_len} / target {self.target_len} tokens"
         else:
@@ -55,7 +61,62 @@ class Workload:
             "padded": self.padded,
             "use_cache": self.use_cache,
             "interpolate_pos_encoding": self.interpolate_pos_encoding,
+            "audio_frames": self.audio_frames,
+            "mel_bins": self.mel_bins,
         }
+
+
+FRAMES_PER_SECOND = 100  # Whisper's (and Speech2Text's) features: a 10 ms hop (160 samples at 16 kHz)
+DEFAULT_SPEECH_TARGET_LEN = 128
+
+
+def speech_window_frames(config: Any) -> int | None:
+    """The frames a Whisper-style encoder requires (its 30 s window: 2 x max_source_positions, after
+    the stride-2 convolution); None for encoders that take any length."""
+    positions = getattr(config, "max_source_positions", None)
+    if getattr(config, "model_type", "") == "whisper" and isinstance(positions, int):
+        return 2 * positions
+    return None
+
+
+def speech_workload(config: Any, settings: PlanSettings, warnings: list[str]) -> tuple[Workload, list[str]]:
+    s = settings
+    window = speech_window_frames(config)
+    frames = round(s.audio_seconds * FRAMES_PER_SECOND) if s.audio_seconds is not None else window
+    if frames is None:
+        raise PlanError(
+            f"{getattr(config, 'model_type', 'this model')} has no fixed audio window: pass --audio-seconds"
+        )
+    if window is not None and frames != window:
+        warnings.append(
+            f"Whisper's feature extractor pads every clip to the model's {window / FRAMES_PER_SECOND:g} s "
+            f"window and its encoder takes nothing else: planned at {window / FRAMES_PER_SECOND:g} s"
+        )
+        frames = window
+    frames = max(1, frames)
+    limit = getattr(config, "max_target_positions", None)
+    default = min(DEFAULT_SPEECH_TARGET_LEN, limit) if isinstance(limit, int) else DEFAULT_SPEECH_TARGET_LEN
+    target = s.target_len or default
+    check_shape(s.batch_size, frames, target, None)
+    if isinstance(limit, int) and target > limit:
+        raise PlanError(f"target length {target} exceeds the model's {limit} decoder positions")
+    mel_bins = int(getattr(config, "num_mel_bins", 80) or 80)
+    use_cache = bool(getattr(config, "use_cache", False)) if s.use_cache is None else s.use_cache
+    padded = True if s.padded is None else s.padded
+    workload = Workload(
+        task=Task.SPEECH_SEQ2SEQ,
+        batch_size=s.batch_size,
+        seq_len=None,
+        target_len=target,
+        image_size=None,
+        channels=None,
+        padded=padded,
+        use_cache=use_cache,
+        interpolate_pos_encoding=False,
+        audio_frames=frames,
+        mel_bins=mel_bins,
+    )
+    return workload, warnings
 
 
 def forward_parameters(model_class: type) -> frozenset[str]:
@@ -77,6 +138,11 @@ def resolve_workload(
     check_task_options(settings, task)
     warnings: list[str] = []
     s = settings
+    wrong_head = task_warning(config, task)
+    if wrong_head:
+        warnings.append(wrong_head)
+    if task is Task.SPEECH_SEQ2SEQ:
+        return speech_workload(config, settings, warnings)
     if task is Task.IMAGE_CLASSIFICATION:
         native = getattr(config, "image_size", None)
         native = native[0] if isinstance(native, (list, tuple)) else native

@@ -14,6 +14,7 @@ import copy
 import ctypes
 import ctypes.util
 import inspect
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -168,6 +169,7 @@ def _auto_class(task: str) -> Any:
         "sequence-classification": transformers.AutoModelForSequenceClassification,
         "seq2seq-lm": transformers.AutoModelForSeq2SeqLM,
         "image-classification": transformers.AutoModelForImageClassification,
+        "speech-seq2seq": transformers.AutoModelForSpeechSeq2Seq,
     }[task]
 
 
@@ -178,7 +180,7 @@ def real_config(config: Any, task: str, use_cache: bool | None) -> Any:
     if getattr(cfg, "pad_token_id", None) is None and task == "sequence-classification":
         eos = getattr(cfg, "eos_token_id", None)
         cfg.pad_token_id = (eos[0] if isinstance(eos, list) else eos) if eos is not None else 0
-    if task == "seq2seq-lm" and getattr(cfg, "decoder_start_token_id", None) is None:
+    if task in ("seq2seq-lm", "speech-seq2seq") and getattr(cfg, "decoder_start_token_id", None) is None:
         cfg.decoder_start_token_id = getattr(cfg, "pad_token_id", None) or 0
     if use_cache is not None:
         cfg.use_cache = use_cache
@@ -201,9 +203,20 @@ def real_inputs(
     target_len: int | None = None,
     image_size: int | None = None,
     accepts_interpolation: bool = False,
+    audio_frames: int | None = None,
 ) -> dict[str, Any]:
     """A real batch as a data collator builds it: token ids with right padding, an attention mask
-    with zeros on the padding, labels of -100 there (ignored by the loss); or images and class ids."""
+    with zeros on the padding, labels of -100 there (ignored by the loss); or images and class ids;
+    or log-mel features (``audio_frames`` of them; default Whisper's window, twice the encoder's
+    positions) and label tokens."""
+    if task == "speech-seq2seq":
+        frames = audio_frames or 2 * int(config.max_source_positions)
+        tgt = target_len or seq
+        labels = torch.randint(min(100, config.vocab_size - 1), config.vocab_size, (batch, tgt))
+        if padded:
+            for b, length in enumerate(_lengths(batch, tgt)):
+                labels[b, length:] = -100
+        return {"input_features": torch.randn(batch, int(config.num_mel_bins), frames), "labels": labels}
     if task == "image-classification":
         size = image_size or int(config.image_size)
         channels = int(getattr(config, "num_channels", 3))
@@ -239,10 +252,34 @@ def real_inputs(
     return inputs
 
 
-def measure_real_step(config: Any, task: str, settings: Any, steps: int = 3, **overrides: Any) -> Measured:
+def quantized_weight_tensors(model: torch.nn.Module) -> list[torch.Tensor]:
+    """What bitsandbytes keeps beside a quantized layer's packed weight: every tensor of its
+    QuantState (nested state included) and LLM.int8()'s row scales. Neither parameters nor buffers,
+    but memory the weights take."""
+    found: list[torch.Tensor] = []
+    for module in model.modules():
+        weight = getattr(module, "weight", None)
+        state = getattr(weight, "quant_state", None)
+        if state is not None:
+            found += tensors_in(vars(state))
+        scb = getattr(weight, "SCB", None)
+        if isinstance(scb, torch.Tensor):
+            found.append(scb)
+    return found
+
+
+def measure_real_step(
+    config: Any,
+    task: str,
+    settings: Any,
+    steps: int = 3,
+    build: Callable[[Any], torch.nn.Module] | None = None,
+    **overrides: Any,
+) -> Measured:
     """Train ``steps`` real steps on CPU as a plain loop does (``out = model(...)`` held until the
     next forward returns); measure the last one. ``settings`` is a PlanSettings; ``overrides``
-    (padded, use_cache, target_len, image_size) replace or supply its fields."""
+    (padded, use_cache, target_len, image_size) replace or supply its fields; ``build`` makes the
+    model from the prepared config (a PEFT-wrapped or quantized one; default: the task's Auto class)."""
 
     def get(name: str, default: Any) -> Any:
         return overrides.get(name, getattr(settings, name, default))
@@ -255,7 +292,7 @@ def measure_real_step(config: Any, task: str, settings: Any, steps: int = 3, **o
     target_len, image_size = get("target_len", None), get("image_size", None)
     torch.manual_seed(0)
     cfg = real_config(config, task, use_cache)
-    model = _auto_class(task).from_config(cfg)
+    model = build(cfg) if build is not None else _auto_class(task).from_config(cfg)
     model.train()
     if settings.gradient_checkpointing:
         enable = (
@@ -265,7 +302,9 @@ def measure_real_step(config: Any, task: str, settings: Any, steps: int = 3, **o
     accepts_interpolation = "interpolate_pos_encoding" in inspect.signature(model.forward).parameters
     optimizer = make_optimizer(settings.optimizer, model)
     params = {p.untyped_storage().data_ptr(): p for p in model.parameters()}
-    weights = _storages_bytes(list(model.parameters()) + list(model.buffers()))
+    weights = _storages_bytes(
+        list(model.parameters()) + list(model.buffers()) + quantized_weight_tensors(model)
+    )
     out: Any = None
     result: Measured | None = None
     for step in range(steps):
@@ -315,6 +354,7 @@ def measure_real_step(config: Any, task: str, settings: Any, steps: int = 3, **o
                 target_len=target_len,
                 image_size=image_size,
                 accepts_interpolation=accepts_interpolation,
+                audio_frames=overrides.get("audio_frames"),
             )
             if sampler is not None and micro == 0:
                 states = _storages_bytes(t for s in optimizer.state.values() for t in tensors_in(s))
