@@ -216,6 +216,12 @@ def _rank_families(out: _Families, ranks: Sequence[Rank]) -> None:
         RANK_LABELS,
     )
     params = out.gauge("anatomy_model_parameters", "Parameters of the model the process trains.", RANK_LABELS)
+    trainable = out.gauge(
+        "anatomy_model_trainable_parameters",
+        "Parameters that train (require a gradient): a LoRA adapter's few; gradients and optimizer states "
+        "are per these.",
+        RANK_LABELS,
+    )
     step_time = out.gauge("anatomy_step_duration_seconds", "Wall time of the latest step.", RANK_LABELS)
     phase_time = out.gauge(
         "anatomy_phase_duration_seconds",
@@ -261,6 +267,7 @@ def _rank_families(out: _Families, ranks: Sequence[Rank]) -> None:
         _put(nvml, key, rank.nvml_bytes)
         if hello is not None:
             _put(params, key, hello.parameter_count)
+            _put(trainable, key, hello.trainable_parameter_count)
         if snap is None:
             continue
         for name, value in sorted(snap.memory.items(), key=lambda kv: _COMPONENT_ORDER.get(kv[0], 99)):
