@@ -8,13 +8,13 @@ attribute by attribute; the training is bit-identical with and without the hook.
 
 from __future__ import annotations
 
+import bitsandbytes as bnb
 import pytest
 import torch
 
 import anatomy
 from anatomy.vocabulary import Component
 
-bnb = pytest.importorskip("bitsandbytes")
 pytestmark = pytest.mark.filterwarnings("ignore::UserWarning")
 
 HIDDEN, LAYERS, STEPS = 128, 3, 3

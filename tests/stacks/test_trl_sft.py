@@ -12,12 +12,12 @@ from types import SimpleNamespace
 
 import pytest
 import torch
+import trl
 
 import anatomy
 from anatomy.vocabulary import Component, Precision
 from tui.sources.reconcile import reconcile
 
-trl = pytest.importorskip("trl")
 pytestmark = pytest.mark.filterwarnings(
     "ignore::FutureWarning", "ignore::UserWarning", "ignore::DeprecationWarning"
 )
