@@ -11,7 +11,7 @@ import torch
 from anatomy.hook.detect import detect_optimizer
 from anatomy.hook.guard import Feature, Guard
 from anatomy.hook.tensors import dominant_dtype, dtype_name, parameter_count
-from anatomy.protocol import Hello
+from anatomy.protocol import MAX_OTHER_MODELS, Hello
 from anatomy.vocabulary import Precision
 
 
@@ -60,7 +60,8 @@ def build_hello(
         optimizer_class=type(optimizer).__name__ if optimizer is not None else "",
         trainable_parameter_count=trainable,
         weight_quantization=quantization,
-        other_models=others,
+        # the protocol's limit: the component's figure still sums them all
+        other_models=dict(list(others.items())[:MAX_OTHER_MODELS]) if others is not None else None,
         **_device_facts(model, device if is_cuda else None, guard),
     )
 

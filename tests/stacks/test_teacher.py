@@ -224,3 +224,22 @@ def test_the_trainer_callback_registers_a_subclass_teacher(tmp_path: object) -> 
     assert tracker is not None
     assert tracker.hello.other_models == {"teacher": _bytes(teacher)}
     assert tracker.history[-1].memory[Component.OTHER_MODELS.value] == _bytes(teacher)
+
+
+def test_many_other_models_still_publish() -> None:
+    """More models than a hello names (the protocol's limit): the hello names the first ones, the
+    component sums them all, and the hello still encodes."""
+    from anatomy import protocol
+
+    student = _student()
+    others = {f"ema{i}": torch.nn.Linear(4, 4) for i in range(protocol.MAX_OTHER_MODELS + 3)}
+    opt = torch.optim.AdamW(student.parameters(), lr=1e-3)
+    tracker = anatomy.track(student, opt, publish=False, others=others)
+    with tracker.step():
+        student(torch.randn(2, HIDDEN)).sum().backward()
+        opt.step()
+    hello, snap = tracker.hello, tracker.history[-1]
+    tracker.close()
+    assert hello.other_models is not None and len(hello.other_models) == protocol.MAX_OTHER_MODELS
+    assert protocol.decode(protocol.encode(hello).rstrip(b"\n")) == hello
+    assert snap.memory[Component.OTHER_MODELS.value] == _bytes(*others.values())
