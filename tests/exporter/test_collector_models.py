@@ -23,7 +23,12 @@ def test_trainable_parameters_and_other_models_are_exported(
 ) -> None:
     pid = os.getpid()
     hello = make_hello(
-        pid, rank=0, run_id="lora", trainable_parameter_count=8_192, other_models={"teacher": 777}
+        pid,
+        rank=0,
+        run_id="lora",
+        trainable_parameter_count=8_192,
+        weight_quantization="nf4",
+        other_models={"teacher": 777},
     )
     snap = make_snapshot(pid)
     snap.memory["other_models"] = 777
@@ -32,6 +37,7 @@ def test_trainable_parameters_and_other_models_are_exported(
     assert one(series, "anatomy_model_parameters", run_id="lora") == hello.parameter_count
     assert one(series, "anatomy_model_trainable_parameters", run_id="lora") == 8_192
     assert one(series, "anatomy_memory_bytes", run_id="lora", component="other_models") == 777
+    assert one(series, "anatomy_weight_quantization_info", run_id="lora", quantization="nf4") == 1
 
 
 def test_an_older_hook_has_no_trainable_series(
@@ -45,3 +51,4 @@ def test_an_older_hook_has_no_trainable_series(
     publishers(runtime, make_hello(os.getpid(), rank=0, run_id="old"))
     series = scrape(NodeCollector(dirs=[runtime], first_wait_s=0.0), wait_s=0.5)
     assert pick(series, "anatomy_model_trainable_parameters") == {}
+    assert pick(series, "anatomy_weight_quantization_info") == {}

@@ -222,6 +222,11 @@ def _rank_families(out: _Families, ranks: Sequence[Rank]) -> None:
         "are per these.",
         RANK_LABELS,
     )
+    quantization = out.gauge(
+        "anatomy_weight_quantization_info",
+        "The format of quantized weights (bitsandbytes nf4, fp4, int8), value 1; absent when not quantized.",
+        (*RANK_LABELS, "quantization"),
+    )
     step_time = out.gauge("anatomy_step_duration_seconds", "Wall time of the latest step.", RANK_LABELS)
     phase_time = out.gauge(
         "anatomy_phase_duration_seconds",
@@ -268,6 +273,8 @@ def _rank_families(out: _Families, ranks: Sequence[Rank]) -> None:
         if hello is not None:
             _put(params, key, hello.parameter_count)
             _put(trainable, key, hello.trainable_parameter_count)
+            if hello.weight_quantization is not None:  # one of a fixed set: checked at decode
+                _put(quantization, (*key, hello.weight_quantization), 1.0)
         if snap is None:
             continue
         for name, value in sorted(snap.memory.items(), key=lambda kv: _COMPONENT_ORDER.get(kv[0], 99)):
