@@ -53,7 +53,10 @@ def quantization_tensors(p: torch.Tensor) -> list[torch.Tensor]:
 
 def layer_state_tensors(module: torch.nn.Module) -> list[torch.Tensor]:
     """An 8-bit layer's matmul state (``Linear8bitLt.state``: ``CB``, ``SCB`` after its first forward)."""
-    state = getattr(module, "state", None)
+    try:
+        state = getattr(module, "state", None)
+    except Exception:  # a module's own ``state`` property that fails: not bitsandbytes'
+        return []
     if state is None or type(state).__name__ != "MatmulLtState":
         return []
     return [t for t in (getattr(state, name, None) for name in _INT8_ATTRS) if isinstance(t, torch.Tensor)]
