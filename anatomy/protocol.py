@@ -8,7 +8,10 @@ per publish interval). Readers send nothing; anything a reader sends is ignored.
 Version rule: a reader accepts a message whose ``protocol`` is one of READABLE_VERSIONS and
 ignores fields it does not know; a new required field means a new version. Version 2 added the
 optional components (runtime, unsharded_parameters, inputs, communication_buffers) and the hello's
-``run_id``/``local_world_size``; a version 1 message is a valid version 2 message.
+``run_id``/``local_world_size``; a version 1 message is a valid version 2 message. Version 3 added the
+``other_models`` component (a reader of version 2 would reject the unknown component name, so it refuses
+the version instead) and the optional ``trainable_parameter_count``, ``weight_quantization`` and
+``other_models`` hello fields; a version 1 or 2 message is a valid version 3 message.
 """
 
 from __future__ import annotations
@@ -33,8 +36,11 @@ from anatomy.rundir import runtime_dir as runtime_dir
 from anatomy.rundir import untrusted_reason as untrusted_reason
 from anatomy.vocabulary import Component, OpGroup, Phase
 
-PROTOCOL_VERSION = 2
-READABLE_VERSIONS = frozenset({1, 2})
+PROTOCOL_VERSION = 3
+READABLE_VERSIONS = frozenset({1, 2, 3})
+WEIGHT_QUANTIZATIONS = frozenset({"nf4", "fp4", "int8"})
+MAX_OTHER_MODELS = 32  # named other models in a hello (a teacher, a reference model, an EMA copy ...)
+MAX_MODEL_NAME = 128
 MAX_MESSAGE_BYTES = 256 * 1024
 # Physical bounds, checked at decode so that no view ever formats a number it cannot hold (a valid JSON
 # integer may have 4,300 digits; 1e309 would overflow every float conversion downstream).
@@ -185,6 +191,11 @@ class Hello:
     # The launcher's job identity (torchrun: TORCHELASTIC_RUN_ID): ranks of one job share it.
     run_id: str | None = None
     local_world_size: int | None = None
+    # Version 3. Parameters that train (``requires_grad``): gradients and optimizer states are per these.
+    # ``parameter_count`` is the logical total (a packed 4-bit weight counts its unpacked elements).
+    trainable_parameter_count: int | None = None
+    weight_quantization: str | None = None  # "nf4" | "fp4" | "int8" (bitsandbytes), None: not quantized
+    other_models: dict[str, int] | None = None  # name -> bytes of each other model in the step
     protocol: int = PROTOCOL_VERSION
     type: str = "hello"
 
@@ -256,6 +267,7 @@ class Snapshot:
     # ``memory`` keeps each component at its own maximum. None: an older hook, or no peak measured.
     at_peak: dict[str, int | None] | None = None
     at_peak_step: int | None = None  # the step whose per-op trace gave the at-peak split
+    trainable_parameter_count: int | None = None  # version 3: the divisor of gradients and optimizer states
     protocol: int = PROTOCOL_VERSION
     type: str = "snapshot"
 
@@ -374,7 +386,32 @@ def _hello_from(d: Mapping[str, Any]) -> Hello:
         tf32=_req(d, "tf32", bool, nullable=True),
         run_id=_req(d, "run_id", str, nullable=True),
         local_world_size=_req(d, "local_world_size", int, nullable=True),
+        trainable_parameter_count=_req(d, "trainable_parameter_count", int, nullable=True),
+        weight_quantization=_quantization(d),
+        other_models=_other_models(d),
     )
+
+
+def _quantization(d: Mapping[str, Any]) -> str | None:
+    value = _req(d, "weight_quantization", str, nullable=True)
+    if value is not None and value not in WEIGHT_QUANTIZATIONS:
+        raise ProtocolError(f"unknown weight_quantization {value[:20]!r}")
+    return value
+
+
+def _other_models(d: Mapping[str, Any]) -> dict[str, int] | None:
+    raw = _req(d, "other_models", dict, nullable=True)
+    if raw is None:
+        return None
+    if len(raw) > MAX_OTHER_MODELS:
+        raise ProtocolError("too many other_models")
+    out: dict[str, int] = {}
+    for name in raw:
+        if not isinstance(name, str) or len(name) > MAX_MODEL_NAME:
+            raise ProtocolError("other_models: a name is not a short string")
+        value = _bytes(raw, name, nullable=False)
+        out[name] = value if value is not None else 0
+    return out
 
 
 _COMPONENT_KEYS = {c.value for c in Component}
@@ -468,6 +505,7 @@ def _snapshot_from(d: Mapping[str, Any]) -> Snapshot:
         batch_size=_req(d, "batch_size", int, nullable=True),
         at_peak=at_peak,
         at_peak_step=_req(d, "at_peak_step", int, nullable=True),
+        trainable_parameter_count=_req(d, "trainable_parameter_count", int, nullable=True),
     )
 
 

@@ -15,9 +15,10 @@ class Component(str, Enum):
     The first two exist only on CUDA (NVML's per-process figure minus what the caching allocator
     reserved, and reserved minus allocated); RUNTIME is their CPU counterpart (the process's heap
     before its first step: interpreter, torch, libraries). WEIGHTS … UNATTRIBUTED are the guide's
-    components; UNSHARDED_PARAMETERS, INPUTS and COMMUNICATION_BUFFERS appear only where a job has
-    them (FSDP's all-gathered parameters, pre-existing tensors saved for backward, DDP/FSDP
-    communication buffers). The order of the members is the order in which every view lists them.
+    components; UNSHARDED_PARAMETERS, OTHER_MODELS, INPUTS and COMMUNICATION_BUFFERS appear only where
+    a job has them (FSDP's all-gathered parameters, a teacher or reference model run in the step,
+    pre-existing tensors saved for backward, DDP/FSDP communication buffers). The order of the members
+    is the order in which every view lists them.
     """
 
     CUDA_CONTEXT = "cuda_context"
@@ -25,6 +26,7 @@ class Component(str, Enum):
     RUNTIME = "runtime"
     WEIGHTS = "weights"
     UNSHARDED_PARAMETERS = "unsharded_parameters"
+    OTHER_MODELS = "other_models"
     OPTIMIZER_STATES = "optimizer_states"
     GRADIENTS = "gradients"
     ACTIVATIONS = "activations"
@@ -44,6 +46,7 @@ COMPONENT_LABELS: dict[Component, str] = {
     Component.RUNTIME: "Runtime (before step 1)",
     Component.WEIGHTS: "Weights",
     Component.UNSHARDED_PARAMETERS: "Unsharded parameters",
+    Component.OTHER_MODELS: "Other models",
     Component.OPTIMIZER_STATES: "Optimizer states",
     Component.GRADIENTS: "Gradients",
     Component.ACTIVATIONS: "Activations",
@@ -74,6 +77,10 @@ COMPONENT_HELP: dict[Component, str] = {
     ),
     Component.UNSHARDED_PARAMETERS: (
         "FSDP: the all-gathered full parameters that exist while a sharded module runs forward or backward."
+    ),
+    Component.OTHER_MODELS: (
+        "Parameters and buffers of the other models the step runs (a distillation teacher, a DPO reference "
+        "model, an EMA copy), storages shared with the trained model not counted twice."
     ),
     Component.OPTIMIZER_STATES: (
         "Every tensor the optimizer keeps in its state (AdamW: two fp32 moments, 8 B/param)."
@@ -110,6 +117,7 @@ OPTIONAL_COMPONENTS: frozenset[Component] = frozenset(
     {
         Component.RUNTIME,
         Component.UNSHARDED_PARAMETERS,
+        Component.OTHER_MODELS,
         Component.INPUTS,
         Component.COMMUNICATION_BUFFERS,
     }
@@ -217,12 +225,28 @@ _GRADIENT_BYTES: dict[Precision, float] = {
 
 
 def expected_bytes_per_param(
-    component: Component, precision: Precision, optimizer: OptimizerKind
+    component: Component,
+    precision: Precision,
+    optimizer: OptimizerKind,
+    trainable_fraction: float = 1.0,
+    quantized: bool = False,
 ) -> float | None:
     """The guide's bytes/param for a component, or None where the guide gives no per-param figure
-    (activations, temporaries and the rest depend on batch, sequence and hidden sizes)."""
+    (activations, temporaries and the rest depend on batch, sequence and hidden sizes).
+
+    Weights are per parameter of the whole model; gradients and optimizer states per *trainable*
+    parameter (``trainable_fraction`` of them: a LoRA adapter's few). Mixed precision's 6 B/param is the
+    fp32 weight plus the half-precision copy autocast keeps of a trained weight; a frozen weight keeps no
+    such copy, so only the trainable fraction adds its 2 bytes. Quantized weights (4-bit, 8-bit) have no
+    guide figure."""
     if component is Component.WEIGHTS:
-        return _WEIGHT_BYTES.get(precision)
+        if quantized:
+            return None
+        full = _WEIGHT_BYTES.get(precision)
+        if full is None or not precision.is_mixed:
+            return full
+        master = _WEIGHT_BYTES[Precision.FP32]
+        return master + (full - master) * min(max(trainable_fraction, 0.0), 1.0)
     if component is Component.OPTIMIZER_STATES:
         return _OPTIMIZER_BYTES.get(optimizer)
     if component is Component.GRADIENTS:

@@ -142,6 +142,18 @@ def fmt_count(n: float | None, na: str = NA) -> str:
     return f"{int(n)}"
 
 
+def fmt_params(count: int, trainable: int | None = None, quantization: str | None = None) -> str:
+    """A model's parameters as every view shows them: ``592.5k params (8.2k trainable) · nf4``. The
+    trainable count only when some parameters are frozen (a LoRA adapter); the weight format when the
+    weights are quantized (an older hook sends neither)."""
+    text = f"{fmt_count(count)} params"
+    if trainable is not None and trainable != count:
+        text += f" ({fmt_count(trainable)} trainable)"
+    if quantization:
+        text += f" · {quantization}"
+    return text
+
+
 def fmt_bytes_per_param(value: float | None, na: str = UNMEASURED) -> str:
     """Bytes per parameter with two decimals (``4.00``, ``18.00``)."""
     if not _finite(value):

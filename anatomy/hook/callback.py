@@ -51,6 +51,23 @@ def _find_trainer(max_depth: int = 10) -> Any:
     return None
 
 
+def _register_other_models(tracker: Tracker, trainer: Any, model: Any) -> None:
+    """Every other module the Trainer holds with weights of its own (TRL's ``ref_model``, a subclass's
+    ``teacher``) is a model the step runs: named, so that its weights are not runtime or unattributed.
+    The trained model and its wrappers (``model_wrapped``: DDP, DeepSpeed's engine) are not."""
+    own = {id(model), id(getattr(trainer, "model", None)), id(getattr(trainer, "model_wrapped", None))}
+    for name, value in list(vars(trainer).items()):
+        if (
+            not isinstance(value, torch.nn.Module)
+            or id(value) in own
+            or getattr(value, "module", None) is model
+        ):
+            continue
+        if next(value.parameters(), None) is None and next(value.buffers(), None) is None:
+            continue  # a loss module, a metric: no weights
+        tracker.add_model(name, value)
+
+
 class AnatomyCallback(TrainerCallback):
     """Measures every optimizer step of a Trainer run and publishes it to anatomy-top."""
 
@@ -150,10 +167,11 @@ class AnatomyCallback(TrainerCallback):
         if autocast is not None:
             precision = detect_precision(param_dtype=dominant_dtype(model), autocast_dtype=autocast)
             self.tracker.set_precision(precision, grad_scaler=autocast == torch.float16)
-        if not self._wrapped_train and not hook_disabled():
-            trainer = _find_trainer()
-            if trainer is not None:
-                self._wrap(trainer, "training_step")
+        trainer = _find_trainer() if not hook_disabled() else None
+        if not self._wrapped_train and trainer is not None:
+            self._wrap(trainer, "training_step")
+        if trainer is not None:
+            _register_other_models(self.tracker, trainer, model)
 
     def on_step_begin(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
         if self.tracker is not None:

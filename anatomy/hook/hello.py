@@ -11,7 +11,7 @@ import torch
 from anatomy.hook.detect import detect_optimizer
 from anatomy.hook.guard import Feature, Guard
 from anatomy.hook.tensors import dominant_dtype, dtype_name, parameter_count
-from anatomy.protocol import Hello
+from anatomy.protocol import MAX_OTHER_MODELS, Hello
 from anatomy.vocabulary import Precision
 
 
@@ -32,7 +32,12 @@ def build_hello(
     precision: Precision,
     started_at: float,
     guard: Guard,
+    trainable: int | None = None,
+    quantization: str | None = None,
+    others: dict[str, int] | None = None,
 ) -> Hello:
+    """``trainable``, ``quantization`` and ``others`` as the tracker last summed them (the trainable count,
+    the weights' bitsandbytes format, each other model's bytes)."""
     count, dtype = 0, "float32"
     with guard(Feature.DEVICE):
         count, dtype = parameter_count(model), dtype_name(dominant_dtype(model))
@@ -53,6 +58,10 @@ def build_hello(
         local_world_size=env_int("LOCAL_WORLD_SIZE"),
         dtype=dtype,
         optimizer_class=type(optimizer).__name__ if optimizer is not None else "",
+        trainable_parameter_count=trainable,
+        weight_quantization=quantization,
+        # the protocol's limit: the component's figure still sums them all
+        other_models=dict(list(others.items())[:MAX_OTHER_MODELS]) if others is not None else None,
         **_device_facts(model, device if is_cuda else None, guard),
     )
 

@@ -177,18 +177,21 @@ class Sums:
     inputs: int = 0
     unsharded: int | None = None
     buckets: Buckets | None = None  # DDP's, read on refresh steps
+    other_models: int = 0  # the other models' weights (a teacher, a reference model), re-summed with ours
+    other_by_name: dict[str, int] = field(default_factory=dict)
 
 
 @dataclass(frozen=True, slots=True)
 class Preexisting:
     """What was in use at the step's start besides weights, optimizer states and gradients, divided:
-    inputs saved for backward, communication buffers, the runtime baseline (CPU), and what nothing
-    explains."""
+    inputs saved for backward, communication buffers, other models' weights, the runtime baseline (CPU),
+    and what nothing explains."""
 
     inputs: int = 0
     runtime: int = 0
     unattributed: int = 0
     communication: int = 0
+    other_models: int = 0
 
 
 @dataclass(frozen=True, slots=True)

@@ -13,12 +13,21 @@ unsharded copy in for the forward) are unsharded parameters, storages that exist
 forward's inputs, and integer views sliced from a larger tensor: token ids or labels cut from a dataset)
 are inputs, the rest activations. Nothing is counted while backward runs (a reentrant checkpoint's
 recomputation is not what the step holds between forward and backward).
+
+Gradient checkpointing keeps a region's inputs for its recomputation, partly outside saved-tensor hooks:
+the positional tensors go through them (``save_inputs``, or the reentrant ``save_for_backward``), but the
+keyword arguments — a ``functools.partial`` of the layer with its rotary cos/sin, ``position_ids`` and a
+(B, 1, S, S) attention mask, Hugging Face's way — and the CPU RNG state stay in the checkpoint's closure.
+When the pack hook sees a checkpoint save its positional inputs, the counter reads the checkpoint's frame
+for those tensors and counts them, each storage once, as it counts a saved tensor.
 """
 
 from __future__ import annotations
 
 import functools
+import sys
 import threading
+import types
 import weakref
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any
@@ -29,6 +38,86 @@ from anatomy.hook.tensors import storage_key
 
 _PackPair = tuple[Callable[[torch.Tensor], Any], Callable[[Any], torch.Tensor]]
 _ACTIVATION, _COPY, _INPUT, _UNSHARDED = 0, 1, 2, 3
+
+
+class _CheckpointCode:
+    """The code objects of torch's checkpoint at which the pack hook is called (looked up once)."""
+
+    def __init__(self) -> None:
+        self.saving: frozenset[types.CodeType] = frozenset()  # non-reentrant save_inputs (and its listcomp)
+        self.generator: types.CodeType | None = None  # its frame holds fn, args, kwargs, the RNG state
+        self.apply: types.CodeType | None = None  # Function.apply: the reentrant CheckpointFunction's
+        self.reentrant: Any = None
+        try:
+            from torch.autograd.function import Function
+            from torch.utils import checkpoint as cp
+
+            save = cp._CheckpointFrame.save_inputs.__code__
+            nested = [c for c in save.co_consts if isinstance(c, types.CodeType)]  # Python < 3.12's listcomp
+            self.saving = frozenset([save, *nested])
+            self.generator = cp._checkpoint_without_reentrant_generator.__code__
+            self.apply = Function.apply.__func__.__code__  # type: ignore[attr-defined]
+            self.reentrant = cp.CheckpointFunction
+        except Exception:  # another torch: checkpoints' closures are not counted
+            self.saving = frozenset()
+
+
+_checkpoint_code: _CheckpointCode | None = None
+
+
+def _tensors_held(values: Iterable[Any], depth: int = 0) -> Iterable[torch.Tensor]:
+    """Tensors in a checkpoint's arguments: in lists, tuples, dicts, a ``functools.partial``'s arguments
+    and keywords, a function's closure cells (four levels; modules are not entered: their parameters are
+    weights)."""
+    for value in values:
+        if isinstance(value, torch.Tensor):
+            yield value
+        elif depth >= 4 or value is None or isinstance(value, torch.nn.Module):
+            continue
+        elif isinstance(value, (list, tuple)):
+            yield from _tensors_held(value, depth + 1)
+        elif isinstance(value, dict):
+            yield from _tensors_held(value.values(), depth + 1)
+        elif isinstance(value, functools.partial):
+            yield from _tensors_held((value.func, value.args, value.keywords), depth + 1)
+        elif isinstance(value, types.FunctionType) and value.__closure__:
+            cells = []
+            for cell in value.__closure__:
+                try:
+                    cells.append(cell.cell_contents)
+                except ValueError:  # an empty cell
+                    continue
+            yield from _tensors_held(cells, depth + 1)
+
+
+def _checkpoint_inputs(caller: types.FrameType | None) -> tuple[list[Any], bool] | None:
+    """What a checkpoint keeps for its recomputation, when ``caller`` (the frame that made the pack hook's
+    call) is a checkpoint saving its positional inputs, and whether it is a reentrant one; else None."""
+    code = _checkpoint_code
+    if caller is None or code is None:
+        return None
+    if caller.f_code in code.saving:
+        frame: types.FrameType | None = caller
+        for _ in range(3):  # save_inputs' listcomp -> save_inputs -> the generator
+            if frame is None or frame.f_code is code.generator:
+                break
+            frame = frame.f_back
+        if frame is None or frame.f_code is not code.generator:
+            return None
+        held = frame.f_locals
+        return [held.get("fn"), held.get("args"), held.get("kwargs"), held.get("fwd_cpu_state")], False
+    if caller.f_code is code.apply and caller.f_locals.get("cls") is code.reentrant:
+        # (run_function, preserve_rng_state, *inputs); its RNG state is on its node, read after the forward
+        return [caller.f_locals.get("args")], True
+    return None
+
+
+def _graph_roots(output: Any) -> list[Any]:
+    """The autograd nodes of a forward's output tensors (a tensor, a tuple/list, a dict or ModelOutput)."""
+    values = output.values() if isinstance(output, Mapping) else output
+    if isinstance(output, torch.Tensor) or not isinstance(values, Iterable):
+        values = [output]
+    return [v.grad_fn for v in values if isinstance(v, torch.Tensor) and v.grad_fn is not None]
 
 
 def _in_backward() -> bool:
@@ -98,6 +187,9 @@ class SavedTensorCounter:
         self.weight_copy_dtype: torch.dtype | None = None
         self.uncounted = 0
         self.counting = False
+        self.reentrant_seen = (
+            False  # a reentrant checkpoint saved its inputs since the last look at its nodes
+        )
         self._pushed: _PackPair | None = None  # our pair, while on torch's stack
         self._open = False  # may stay pushed after the forward (no user pair below ours)
         # Off except on the sampled step that traces memory per op (a weak reference per saved tensor).
@@ -188,6 +280,11 @@ class SavedTensorCounter:
         # Runs inside the user's forward, once per saved tensor: nothing may escape from here, and the
         # common case (the tensor itself, its storage already seen) costs a few attribute reads.
         try:
+            if _checkpoint_code is not None and _checkpoint_code.saving:
+                found = _checkpoint_inputs(sys._getframe(2))  # 0: here, 1: our pack, 2: who saves
+                if found is not None:
+                    self._observe_checkpoint(found[0])
+                    self.reentrant_seen = self.reentrant_seen or found[1]
             if packed is t:
                 storage = t.untyped_storage()
                 key = storage.data_ptr() or -id(t)
@@ -223,6 +320,44 @@ class SavedTensorCounter:
             if self.track_alive and known in (_ACTIVATION, _COPY):
                 kept = self._watch(kept, key, known, storage.nbytes())
         return kept
+
+    def _observe_checkpoint(self, held: list[Any]) -> None:
+        """Count the tensors a checkpoint keeps in its closure (the pack hook sees only its positional
+        inputs), as saved tensors: weights skipped, inputs as inputs, each storage once."""
+        if _in_backward():
+            return
+        for t in _tensors_held(held):
+            if t.layout is not torch.strided or (self.device is not None and t.device != self.device):
+                continue
+            storage = t.untyped_storage()
+            key = storage.data_ptr() or -id(t)
+            if key in self._weight_keys or key in self._kind:
+                continue
+            self._first_seen(t, key, storage.nbytes(), self._classify(t, key))
+
+    def observe_reentrant_states(self, output: Any, limit: int = 100_000) -> None:
+        """A reentrant checkpoint keeps the CPU RNG state (and the GPUs') on its autograd node, made after
+        the pack hook ran: once the forward returns, find the checkpoints' nodes in its graph (small: a
+        reentrant checkpoint's inside runs without autograd) and count what they keep. Only after a forward
+        that ran reentrant checkpoints."""
+        if not self.reentrant_seen:
+            return
+        self.reentrant_seen = False
+        code = _checkpoint_code
+        reentrant = code.reentrant if code is not None else None
+        if reentrant is None:
+            return
+        todo, seen = _graph_roots(output), set[int]()
+        while todo and len(seen) < limit:
+            node = todo.pop()
+            if node is None or id(node) in seen:
+                continue
+            seen.add(id(node))
+            if isinstance(node, reentrant._backward_cls):
+                self._observe_checkpoint(
+                    [getattr(node, "fwd_cpu_state", None), getattr(node, "fwd_gpu_states", None)]
+                )
+            todo.extend(fn for fn, _ in node.next_functions)
 
     def _first_seen(self, t: torch.Tensor, key: int, nbytes: int, kind: int) -> int:
         self._kind[key] = kind
@@ -305,6 +440,9 @@ class SavedTensorCounter:
         user = torch._C._autograd._top_saved_tensors_default_hooks(True)
         if user is not None and all(isinstance(h, torch.fx.GraphModule) for h in user):
             return False
+        global _checkpoint_code
+        if _checkpoint_code is None and "torch.utils.checkpoint" in sys.modules:
+            _checkpoint_code = _CheckpointCode()
         pair = self._pair(user)
         torch._C._autograd._push_saved_tensors_default_hooks(*pair)
         self._pushed = pair

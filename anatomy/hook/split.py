@@ -33,16 +33,18 @@ def step_parts(rec: StepRecord, sums: Sums) -> StepParts:
 
 
 def divide_preexisting(
-    preexisting: int, inputs: int, runtime: int | None, communication: int = 0
+    preexisting: int, inputs: int, runtime: int | None, communication: int = 0, other_models: int = 0
 ) -> Preexisting:
-    """Split what was in use at the step's start (beyond weights, states, gradients): the inputs first
-    and communication buffers (named tensors), then the runtime baseline, and the rest is unattributed."""
+    """Split what was in use at the step's start (beyond weights, states, gradients): the inputs first,
+    communication buffers and other models' weights (named tensors), then the runtime baseline, and the
+    rest is unattributed."""
     pre = max(preexisting, 0)
     inputs_part = min(max(inputs, 0), pre)
     comm_part = min(max(communication, 0), pre - inputs_part)
-    runtime_part = min(max(runtime or 0, 0), pre - inputs_part - comm_part)
-    rest = pre - inputs_part - comm_part - runtime_part
-    return Preexisting(inputs_part, runtime_part, rest, comm_part)
+    others_part = min(max(other_models, 0), pre - inputs_part - comm_part)
+    runtime_part = min(max(runtime or 0, 0), pre - inputs_part - comm_part - others_part)
+    rest = pre - inputs_part - comm_part - others_part - runtime_part
+    return Preexisting(inputs_part, runtime_part, rest, comm_part, others_part)
 
 
 def explained(rec: StepRecord, phase: Phase, parts: StepParts) -> int:
@@ -101,6 +103,7 @@ _BALANCE_ORDER = (
     Component.UNATTRIBUTED.value,
     Component.RUNTIME.value,
     Component.COMMUNICATION_BUFFERS.value,
+    Component.OTHER_MODELS.value,
     Component.INPUTS.value,
     Component.ACTIVATIONS.value,
     Component.GRADIENTS.value,
@@ -116,13 +119,20 @@ class PeakSplitter:
         self._balance_logged = False
 
     def split(
-        self, peak: int, weights: int, held: Held, pre: Preexisting, runtime: bool = False
+        self,
+        peak: int,
+        weights: int,
+        held: Held,
+        pre: Preexisting,
+        runtime: bool = False,
+        others: bool = False,
     ) -> dict[str, int | None]:
         """What was in use at the step's start beyond weights, optimizer states and gradients (inputs,
         the runtime baseline, unattributed) is constant through the step; temporaries are the rest of
         the peak. If the named tensors and the rest exceed the peak (a trace from an earlier step,
         gradients freed before the reading), temporaries are 0 and the excess comes off unattributed
-        first, so the sum holds. ``runtime``: the split has a runtime row (CPU)."""
+        first, so the sum holds. ``runtime``: the split has a runtime row (CPU); ``others``: an other-models
+        row (models registered besides the trained one)."""
         out: dict[str, int] = {
             Component.WEIGHTS.value: weights + held.weight_copies,
             Component.OPTIMIZER_STATES.value: held.optimizer_states,
@@ -136,6 +146,8 @@ class PeakSplitter:
             out[Component.COMMUNICATION_BUFFERS.value] = pre.communication
         if runtime:
             out[Component.RUNTIME.value] = pre.runtime
+        if others or pre.other_models:
+            out[Component.OTHER_MODELS.value] = pre.other_models
         rest = peak - sum(out.values())
         if rest < 0:
             excess = -rest

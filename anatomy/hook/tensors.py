@@ -7,10 +7,12 @@ steps and when it sees the model or optimizer change — not on every step.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterator
 from typing import Any
 
 import torch
+
+from anatomy.hook.quantized import layer_state_tensors, logical_numel, quantization_tensors
 
 
 def local_tensor(t: torch.Tensor) -> torch.Tensor:
@@ -62,18 +64,30 @@ def parameters_of(model_or_params: Any) -> list[torch.Tensor]:
     return [p for p in model_or_params if isinstance(p, torch.Tensor)]
 
 
-def parameter_count(model: torch.nn.Module) -> int:
+def parameter_count(model: torch.nn.Module, trainable: bool = False) -> int:
     """Parameters this process holds: a sharded (FSDP2) parameter counts its local shard, so bytes per
-    parameter stay the precision's (4.00 for fp32 weights), not 1/N of it."""
+    parameter stay the precision's (4.00 for fp32 weights), not 1/N of it; a packed 4-bit parameter
+    counts the weights it stands for. ``trainable``: only those that require a gradient."""
     # parameters() yields a shared (tied) Parameter once, so this counts tied embeddings once.
-    return sum(local_tensor(p).numel() for p in model.parameters())
+    return sum(logical_numel(local_tensor(p)) for p in model.parameters() if p.requires_grad or not trainable)
+
+
+def model_tensors(model: torch.nn.Module) -> Iterator[torch.Tensor]:
+    """Every tensor a model's weights occupy: parameters, buffers, and quantized parameters' state
+    (bitsandbytes' scales and code books, which are neither)."""
+    for p in model.parameters():
+        yield p
+        yield from quantization_tensors(p)
+    yield from model.buffers()
+    for module in model.modules():
+        yield from layer_state_tensors(module)
 
 
 def weight_bytes(model: torch.nn.Module) -> dict[str, int]:
-    """dtype name -> bytes of parameters and buffers, each storage counted once."""
+    """dtype name -> bytes of parameters, buffers and quantization states, each storage counted once."""
     seen: set[int] = set()
     out: dict[str, int] = {}
-    for t in _chain(model.parameters(), model.buffers()):
+    for t in model_tensors(model):
         key = storage_key(t)
         if key in seen:
             continue
@@ -81,11 +95,6 @@ def weight_bytes(model: torch.nn.Module) -> dict[str, int]:
         name = dtype_name(t.dtype)
         out[name] = out.get(name, 0) + storage_bytes(t)
     return out
-
-
-def _chain(*its: Iterable[torch.Tensor]) -> Iterator[torch.Tensor]:
-    for it in its:
-        yield from it
 
 
 def gradient_bytes(model_or_params: Any) -> int:

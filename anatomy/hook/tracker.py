@@ -52,7 +52,9 @@ from anatomy.hook.guard import MAX_TEXT, Feature, Guard
 from anatomy.hook.heap import HostHeap
 from anatomy.hook.hello import build_hello
 from anatomy.hook.opgroups import OpGroupProfiler
+from anatomy.hook.others import OtherModels
 from anatomy.hook.publishing import Channel
+from anatomy.hook.quantized import weight_quantization
 from anatomy.hook.record import Held, MemoryResult, StepRecord, Sums
 from anatomy.hook.saved import SavedTensorCounter, input_storage_keys
 from anatomy.hook.schedule import SAMPLE_EVERY, WARMUP_REFRESH_STEPS, Schedule
@@ -170,6 +172,7 @@ class Tracker:
         directory: Path | None = None,
         enabled: bool = True,
         record: RecordSetting = None,
+        others: Mapping[str, torch.nn.Module] | None = None,
     ) -> None:
         self.enabled = enabled
         self.model = model
@@ -205,7 +208,9 @@ class Tracker:
         self._started_at = time.time()
         self._suggestions: list[Suggestion] = []
         self._advised_at = -1e9
-        self._expected: tuple[tuple[Precision, OptimizerKind], dict[str, float | None]] | None = None
+        self._expected: (
+            tuple[tuple[Precision, OptimizerKind, float, bool], dict[str, float | None]] | None
+        ) = None
         self._autocast_dtype: torch.dtype | None = None
         self._grad_scaler = False
         self._oom_recorded: int | None = None
@@ -216,6 +221,12 @@ class Tracker:
         self._memory: MemoryBackend | None = None
         self._param_count = 0
         self._param_dtype = torch.float32
+        self._trainable_count = 0
+        self._quantization: str | None = None
+        self._others = OtherModels()
+        for name, module in (others or {}).items():
+            if isinstance(module, torch.nn.Module):
+                self._others.add(name, module)
         self._compile_safe = False  # the hooks are wrapped to run outside compiled frames
         if not enabled:
             return
@@ -299,6 +310,17 @@ class Tracker:
             with self._guard(Feature.OPTIMIZER_STATES):
                 self._sums.optimizer_states = optimizer_state_bytes(opt)
 
+    def add_model(self, name: str, module: torch.nn.Module) -> None:
+        """Name another model the step runs (a distillation teacher, a reference model, an EMA copy): its
+        weights are the ``other_models`` component, not runtime or unattributed. Re-summed from the next
+        step on; the trained model itself is ignored."""
+        if not self.enabled or not isinstance(module, torch.nn.Module) or module is self.model:
+            return
+        with self._guard(Feature.DEVICE):
+            if self._others.add(name, module):
+                self._hello_changed()
+                self._forced_refresh = self._step.index if self._step is not None else self._steps_done
+
     def set_precision(self, precision: Precision | None = None, *, grad_scaler: bool | None = None) -> None:
         """Tell the tracker what it cannot see (e.g. the Trainer's fp16/bf16 flags)."""
         if precision is not None:
@@ -322,23 +344,50 @@ class Tracker:
         self._sums.weights_by_dtype = by_dtype
         self._sums.weights = sum(by_dtype.values())
         params = list(model.parameters())
-        self._counter.set_params([*params, *model.buffers()])
+        weights = [*params, *model.buffers()]
+        self._counter.set_params(weights)
         if self._guard.ok(Feature.CHANGES):
             with self._guard(Feature.CHANGES):
                 self._model_watch.remember(model)
                 self._optimizer_watch.set_params(model)
-        trainable = [p for p in params if p.requires_grad]
-        candidates = trainable or params
+        candidates = [p for p in params if p.requires_grad] or params
         probe = candidates[0] if candidates else None
         self._probe_ref = weakref.ref(probe) if probe is not None else None
         self._probe_ptr = storage_key(probe) if probe is not None else 0
         count, dtype = parameter_count(model), dominant_dtype(model)
-        if (count, dtype) != (self._param_count, self._param_dtype):
+        trainable = parameter_count(model, trainable=True)
+        quantization = weight_quantization(params)
+        if (count, dtype, trainable, quantization) != (
+            self._param_count,
+            self._param_dtype,
+            self._trainable_count,
+            self._quantization,
+        ):
             self._param_count, self._param_dtype = count, dtype
+            self._trainable_count, self._quantization = trainable, quantization
             self._hello_changed()
         device = probe.device if probe is not None else torch.device("cpu")
         if device != self._device:
             self._use_device(device)
+        if self._others:
+            others = self._refresh_others(weights)
+            # another model's weights are weights too: never activations when the step's forward saves them
+            self._counter.set_params([*weights, *others])
+
+    def _refresh_others(self, weights: list[torch.Tensor]) -> list[torch.Tensor]:
+        """Re-sum the other models' weights (those on the trained model's device, storages of the trained
+        model excluded); returns their tensors."""
+        if not self._guard.ok(Feature.DEVICE):
+            return []
+        with self._guard(Feature.DEVICE):
+            own = {storage_key(t) for t in weights}
+            by_name = self._others.bytes_by_name(own, self._device)
+            if by_name != self._sums.other_by_name:
+                self._hello_changed()  # the hello names each model with its bytes
+            self._sums.other_by_name = by_name
+            self._sums.other_models = sum(by_name.values())
+            return self._others.tensors()
+        return []
 
     def _probe(self) -> torch.Tensor | None:
         ref = self._probe_ref
@@ -481,7 +530,8 @@ class Tracker:
                 self._schedule.heap_step = heap_step
             if isinstance(memory, HeapBackend) and memory.runtime is None and rec.heap_from is None:
                 comm = communication_bytes(self._sums.buckets, rec.grads_begin) or 0
-                memory.measure_runtime(rec, step_parts(rec, self._sums), comm)
+                # other models built before the first step are named, not runtime
+                memory.measure_runtime(rec, step_parts(rec, self._sums), comm + self._sums.other_models)
         if self._refresh_due(rec.index) and self._guard.ok(Feature.GRADIENTS):
             with self._guard(Feature.GRADIENTS):  # DDP's buckets, rebuilt after the first backward
                 self._sums.buckets = ddp_buckets(self.model)
@@ -634,6 +684,8 @@ class Tracker:
             counter = self._counter
             sums = self._sums
             if rec.window:  # what the forward saved (the window may stay open for the loss)
+                with self._guard(Feature.ACTIVATIONS):
+                    counter.observe_reentrant_states(output)  # what reentrant checkpoints keep on their nodes
                 acts = counter.activation_bytes
                 copies = counter.weight_copy_bytes
                 with self._guard(Feature.ACTIVATIONS):
@@ -777,13 +829,18 @@ class Tracker:
             memory[Component.COMMUNICATION_BUFFERS.value] = (
                 comm  # a row only under DDP, when not the gradients
             )
+        others = bool(self._others)
+        if others:
+            memory[Component.OTHER_MODELS.value] = self._sums.other_models
         backend = self._memory
         split = backend.peak(rec, parts) if backend is not None else None
         if backend is None or split is None:
             return MemoryResult(step=rec.index, memory=memory, micro=rec.micro, batch=self._batch_size(rec))
         memory[Component.TEMPORARIES.value] = split.temporaries
         runtime = backend.runtime
-        pre = divide_preexisting(split.preexisting or 0, parts.inputs, runtime, comm or 0)
+        pre = divide_preexisting(
+            split.preexisting or 0, parts.inputs, runtime, comm or 0, self._sums.other_models if others else 0
+        )
         memory[Component.UNATTRIBUTED.value] = pre.unattributed if split.preexisting is not None else None
         if runtime is not None:
             memory[Component.RUNTIME.value] = runtime
@@ -791,7 +848,9 @@ class Tracker:
             memory[Component.ALLOCATOR_CACHE.value] = split.allocator_cache
         named = guard.all_ok(*_NAMED)
         weights = self._sums.weights
-        at_peak = self._splitter.split(split.peak, weights, split.held, pre, runtime=runtime is not None)
+        at_peak = self._splitter.split(
+            split.peak, weights, split.held, pre, runtime=runtime is not None, others=others
+        )
         unsharded = memory.get(Component.UNSHARDED_PARAMETERS.value)
         if unsharded is not None:
             # The gathered parameters FSDP keeps through backward (those still held after the forward) are
@@ -852,6 +911,9 @@ class Tracker:
                 precision=self.precision,
                 started_at=self._started_at,
                 guard=self._guard,
+                trainable=self._trainable_count if self.enabled else None,
+                quantization=self._quantization,
+                others=dict(self._sums.other_by_name) if self._others else None,
             )
         return self._hello
 
@@ -881,10 +943,16 @@ class Tracker:
 
     def _expected_bytes(self) -> dict[str, float | None]:
         precision, kind = self.precision, self.optimizer_kind
+        total, trainable = self._param_count, self._trainable_count
+        fraction = round(trainable / total, 6) if total > 0 else 1.0
+        quantized = self._quantization is not None
         cached = self._expected
-        if cached is None or cached[0] != (precision, kind):
-            table = {c.value: expected_bytes_per_param(c, precision, kind) for c in MODEL_COMPONENTS}
-            cached = self._expected = ((precision, kind), table)
+        if cached is None or cached[0] != (precision, kind, fraction, quantized):
+            table = {
+                c.value: expected_bytes_per_param(c, precision, kind, fraction, quantized)
+                for c in MODEL_COMPONENTS
+            }
+            cached = self._expected = ((precision, kind, fraction, quantized), table)
         return dict(cached[1])
 
     def _snapshot(self, result: MemoryResult | None, oom: str | None) -> Snapshot:
@@ -902,6 +970,7 @@ class Tracker:
             memory=dict(result.memory),
             expected_bytes_per_param=self._expected_bytes(),
             parameter_count=self._param_count if self.enabled else 0,
+            trainable_parameter_count=self._trainable_count if self.enabled else None,
             peak_bytes=result.peak,
             peak_phase=result.phase.value if result.phase is not None else None,
             memory_source=result.source.value,
@@ -1032,10 +1101,12 @@ def track(
     precision: Precision | None = None,
     directory: Path | None = None,
     record: RecordSetting = None,
+    others: Mapping[str, torch.nn.Module] | None = None,
 ) -> Tracker:
-    """Attach the anatomy hook to ``model`` (and ``optimizer``). With ``ANATOMY_TOP=0`` in the
-    environment this returns a tracker that does nothing (same API). ``record``: the flight recorder
-    (None: as ``ANATOMY_TOP_RECORD`` says, on by default; False: off; a path: record there)."""
+    """Attach the anatomy hook to ``model`` (and ``optimizer``). ``others``: the other models the step
+    runs, by name (``{"teacher": teacher}``; or later ``tracker.add_model``). ``record``: the flight
+    recorder (None: as ``ANATOMY_TOP_RECORD`` says, on by default; False: off; a path: record there).
+    With ``ANATOMY_TOP=0`` in the environment this returns a tracker that does nothing (same API)."""
     return Tracker(
         model,
         optimizer,
@@ -1049,6 +1120,7 @@ def track(
         directory=directory,
         enabled=not hook_disabled(),
         record=record,
+        others=others,
     )
 
 

@@ -87,7 +87,8 @@ def emitted(
     make_snapshot: Callable[..., Any],
 ) -> set[str]:
     """Every metric name a scrape holds when every field is there (CUDA, op groups, MFU, GPUs)."""
-    rank = ranks(runtime, make_hello(0, rank=0, run_id="r"), make_snapshot(0))
+    hello = make_hello(0, rank=0, run_id="r", trainable_parameter_count=8_192, weight_quantization="nf4")
+    rank = ranks(runtime, hello, make_snapshot(0))
     box = simnvml.Scenario.demo_box(2, pids=[rank.pid])
     # A board with a fan (SXM boards have none: N/A, no sample) so that every GPU family appears.
     box.gpus[1] = dataclasses.replace(box.gpus[1], fan_percent=simnvml.Curve.constant(40), num_fans=1)

@@ -216,6 +216,17 @@ def _rank_families(out: _Families, ranks: Sequence[Rank]) -> None:
         RANK_LABELS,
     )
     params = out.gauge("anatomy_model_parameters", "Parameters of the model the process trains.", RANK_LABELS)
+    trainable = out.gauge(
+        "anatomy_model_trainable_parameters",
+        "Parameters that train (require a gradient): a LoRA adapter's few; gradients and optimizer states "
+        "are per these.",
+        RANK_LABELS,
+    )
+    quantization = out.gauge(
+        "anatomy_weight_quantization_info",
+        "The format of quantized weights (bitsandbytes nf4, fp4, int8), value 1; absent when not quantized.",
+        (*RANK_LABELS, "quantization"),
+    )
     step_time = out.gauge("anatomy_step_duration_seconds", "Wall time of the latest step.", RANK_LABELS)
     phase_time = out.gauge(
         "anatomy_phase_duration_seconds",
@@ -261,6 +272,9 @@ def _rank_families(out: _Families, ranks: Sequence[Rank]) -> None:
         _put(nvml, key, rank.nvml_bytes)
         if hello is not None:
             _put(params, key, hello.parameter_count)
+            _put(trainable, key, hello.trainable_parameter_count)
+            if hello.weight_quantization is not None:  # one of a fixed set: checked at decode
+                _put(quantization, (*key, hello.weight_quantization), 1.0)
         if snap is None:
             continue
         for name, value in sorted(snap.memory.items(), key=lambda kv: _COMPONENT_ORDER.get(kv[0], 99)):

@@ -21,6 +21,7 @@ def reconciled_dict(rec: Reconciled) -> dict[str, Any]:
         "reconciles": rec.reconciles,
         "note": rec.note,
         "parameter_count": rec.parameter_count,
+        "trainable_parameter_count": rec.trainable_parameter_count,
         "at_peak": rec.at_peak,
         "peak_bytes": rec.peak_bytes,
         "peak_phase": rec.peak_phase,

@@ -55,7 +55,9 @@ def _title(proc: TrainingProcess) -> str:
     parts = [f"Training process {proc.pid}"]
     if hello is not None:
         parts.append(clean(hello.model_class))
-        parts.append(f"{fmt.fmt_count(hello.parameter_count)} params")
+        parts.append(
+            fmt.fmt_params(hello.parameter_count, hello.trainable_parameter_count, hello.weight_quantization)
+        )
         parts.append(clean(hello.device))
         parts.append(clean(hello.precision))
         opt = clean(hello.optimizer)

@@ -35,6 +35,9 @@ CUDA_COMPONENTS: tuple[Component, ...] = (Component.CUDA_CONTEXT, Component.ALLO
 # Components that grow with the parameter count, for which bytes per parameter means something (the
 # guide's figures are per parameter too); the others (CUDA context, allocator cache, runtime, inputs,
 # unattributed) get no bytes/param.
+# Gradients and optimizer states exist only for trained parameters: per *trainable* parameter (a LoRA
+# adapter's few), the others per parameter of the whole model.
+PER_TRAINABLE: frozenset[Component] = frozenset({Component.OPTIMIZER_STATES, Component.GRADIENTS})
 PER_PARAMETER: frozenset[Component] = frozenset(
     {
         Component.WEIGHTS,
@@ -77,6 +80,7 @@ class Reconciled:
     parameter_count: int
     on_cuda: bool
     note: str | None = None  # why it does not reconcile (or, on CPU, what the total is), in words
+    trainable_parameter_count: int | None = None  # None: an older hook (every parameter trains)
     at_peak: bool = False  # rows are the split at the peak (else each component at its own maximum)
     peak_bytes: int | None = None  # the step's peak: allocated (CUDA) / glibc heap in use (CPU)
     peak_phase: str | None = None
@@ -101,8 +105,11 @@ def reconcile(hello: Hello | None, snapshot: Snapshot, nvml_process_bytes: int |
     device = hello.device if hello is not None else ""
     on_cuda = snapshot.cuda is not None or device.startswith("cuda")
     params = snapshot.parameter_count or (hello.parameter_count if hello is not None else 0)
+    trainable = snapshot.trainable_parameter_count
+    if trainable is None and hello is not None:
+        trainable = hello.trainable_parameter_count
     if snapshot.at_peak is not None and snapshot.peak_bytes is not None:
-        return _reconcile_at_peak(snapshot, nvml_process_bytes, on_cuda, params)
+        return _reconcile_at_peak(snapshot, nvml_process_bytes, on_cuda, params, trainable)
     values: dict[Component, int | None] = {c: snapshot.memory.get(c.value) for c in Component}
     note: str | None = None
 
@@ -164,7 +171,7 @@ def reconcile(hello: Hello | None, snapshot: Snapshot, nvml_process_bytes: int |
                 component=c,
                 bytes=value,
                 share=value / denominator if value is not None and denominator > 0 else None,
-                bytes_per_param=_per_param(value, params) if c in PER_PARAMETER else None,
+                bytes_per_param=_row_per_param(c, value, params, trainable),
                 expected_bytes_per_param=snapshot.expected_bytes_per_param.get(c.value),
                 max_bytes=value,
             )
@@ -178,13 +185,14 @@ def reconcile(hello: Hello | None, snapshot: Snapshot, nvml_process_bytes: int |
         parameter_count=params,
         on_cuda=on_cuda,
         note=note,
+        trainable_parameter_count=trainable,
         peak_bytes=snapshot.peak_bytes,
         peak_phase=snapshot.peak_phase,
     )
 
 
 def _reconcile_at_peak(
-    snapshot: Snapshot, nvml_process_bytes: int | None, on_cuda: bool, params: int
+    snapshot: Snapshot, nvml_process_bytes: int | None, on_cuda: bool, params: int, trainable: int | None
 ) -> Reconciled:
     at_peak = snapshot.at_peak or {}
     peak = snapshot.peak_bytes or 0
@@ -241,7 +249,7 @@ def _reconcile_at_peak(
             component=c,
             bytes=values[c],
             share=_fraction(values[c], denominator),
-            bytes_per_param=_per_param(maxima[c], params) if c in PER_PARAMETER else None,
+            bytes_per_param=_row_per_param(c, maxima[c], params, trainable),
             expected_bytes_per_param=snapshot.expected_bytes_per_param.get(c.value),
             max_bytes=maxima[c],
         )
@@ -256,6 +264,7 @@ def _reconcile_at_peak(
         parameter_count=params,
         on_cuda=on_cuda,
         note=note,
+        trainable_parameter_count=trainable,
         at_peak=True,
         peak_bytes=snapshot.peak_bytes,
         peak_phase=snapshot.peak_phase,
@@ -276,6 +285,12 @@ def _order(on_cuda: bool, *figures: dict[Component, int | None]) -> tuple[Compon
 
 def _fraction(value: int | None, denominator: int) -> float | None:
     return value / denominator if value is not None and denominator > 0 else None
+
+
+def _row_per_param(c: Component, value: int | None, params: int, trainable: int | None) -> float | None:
+    if c not in PER_PARAMETER:
+        return None
+    return _per_param(value, trainable if c in PER_TRAINABLE and trainable is not None else params)
 
 
 def _per_param(value: int | None, params: int) -> float | None:

@@ -53,7 +53,7 @@ def title_text(process: TrainingProcess, stale_s: float | None = None) -> Text:
         if hello.world_size and hello.world_size > 1 and hello.rank is not None:
             text.append(f"  rank {hello.rank}/{hello.world_size}", style="cyan")
         details = [
-            f"{fmt.fmt_count(hello.parameter_count)} params",
+            fmt.fmt_params(hello.parameter_count, hello.trainable_parameter_count, hello.weight_quantization),
             hello.precision,
             hello.optimizer,
             hello.device,
