@@ -15,9 +15,13 @@ import torch
 
 def local_tensor(t: torch.Tensor) -> torch.Tensor:
     """What this process holds of ``t``: a DTensor's local shard (FSDP2's sharded parameters, their
-    gradients and optimizer states), else ``t`` itself."""
+    gradients and optimizer states), a DeepSpeed ZeRO-3 parameter's partition (``ds_tensor``: its
+    ``.data`` is emptied between uses, all-gathered for its module's forward and backward), else ``t``."""
     local = getattr(t, "_local_tensor", None)
-    return local if isinstance(local, torch.Tensor) else t
+    if isinstance(local, torch.Tensor):
+        return local
+    part = getattr(t, "ds_tensor", None)
+    return part if isinstance(part, torch.Tensor) else t
 
 
 def storage_key(t: torch.Tensor) -> int:

@@ -41,12 +41,13 @@ from typing import Any, Literal
 import torch
 
 from anatomy import advisor
+from anatomy.hook import zero as zero_opt
 from anatomy.hook.backend import CudaBackend, HeapBackend, MemoryBackend
 from anatomy.hook.changes import ModelWatch, OptimizerWatch
 from anatomy.hook.compiled import compile_in_use, outside_compile
 from anatomy.hook.cuda import CudaAllocator
 from anatomy.hook.detect import active_autocast_dtype, detect_optimizer, detect_precision, is_oom
-from anatomy.hook.distributed import communication_bytes, ddp_buckets
+from anatomy.hook.distributed import Buckets, communication_bytes, ddp_buckets
 from anatomy.hook.gradients import GradientWatcher
 from anatomy.hook.guard import MAX_TEXT, Feature, Guard
 from anatomy.hook.heap import HostHeap
@@ -182,6 +183,8 @@ class Tracker:
         self._sums = Sums()
         self._precision_override = precision
         self._optimizer_ref: weakref.ref[Any] | None = None  # weak: a replaced optimizer must die
+        self._zero_ref: weakref.ref[Any] | None = None  # DeepSpeed's ZeRO optimizer around it, if any
+        self._zero_grads_begin = 0  # its gradient buffers at the last measured step's start (stage 3's stay)
         self._forced_refresh = -1  # a step whose sums are re-taken whatever the schedule (a change)
         self._looked_at = 0  # the last step that compared the model's parameters in full
         self._kind_of: tuple[Any, OptimizerKind] | None = None
@@ -257,11 +260,12 @@ class Tracker:
         for h in self._opt_handles:
             h.remove()
         self._opt_handles = []
-        if hasattr(opt, "register_step_pre_hook"):
-            pre, post = (
-                self._out_of_compile(self._on_optimizer_pre),
-                self._out_of_compile(self._on_optimizer_post),
-            )
+        pre = self._out_of_compile(self._on_optimizer_pre)
+        post = self._out_of_compile(self._on_optimizer_post)
+        zero = self._zero
+        if zero is not None:  # its torch optimizer steps once per group inside: hook the whole update
+            self._opt_handles = list(zero_opt.hook_step(zero, pre, post))
+        elif hasattr(opt, "register_step_pre_hook"):
             self._opt_handles = [opt.register_step_pre_hook(pre), opt.register_step_post_hook(post)]
 
     def _out_of_compile(self, fn: Callable[..., Any]) -> Callable[..., Any]:
@@ -285,6 +289,9 @@ class Tracker:
             opt = unwrap_optimizer(optimizer)
             if opt is self._optimizer:
                 return
+            zero = zero_opt.find_zero(optimizer, self.model)
+            self._zero_ref = weakref.ref(zero) if zero is not None else None
+            self._sums.buckets = self._zero_buckets() or self._sums.buckets
             self._optimizer_ref = self._optimizer_watch.current = weakref.ref(opt)
             self._register_optimizer_hooks(opt)
             self._hello_changed()
@@ -293,7 +300,7 @@ class Tracker:
         opt = self._optimizer
         if opt is not None and self._guard.ok(Feature.OPTIMIZER_STATES):
             with self._guard(Feature.OPTIMIZER_STATES):
-                self._sums.optimizer_states = optimizer_state_bytes(opt)
+                self._sums.optimizer_states = self._state_bytes(opt)
 
     def set_precision(self, precision: Precision | None = None, *, grad_scaler: bool | None = None) -> None:
         """Tell the tracker what it cannot see (e.g. the Trainer's fp16/bf16 flags)."""
@@ -307,6 +314,27 @@ class Tracker:
         """Rebuilt on next use; a running publisher gets it with the next snapshot."""
         self._hello = None
         self._hello_stale = True
+
+    @property
+    def _zero(self) -> Any:
+        ref = self._zero_ref
+        return ref() if ref is not None else None
+
+    def _gradient_bytes(self) -> int:
+        """Gradients held now: ``param.grad``, and under DeepSpeed ZeRO its own gradient buffers."""
+        zero = self._zero
+        if zero is None:
+            return gradient_bytes(self.model)
+        return zero_opt.gradient_bytes(list(self.model.parameters()), zero)
+
+    def _zero_buckets(self) -> Buckets | None:
+        zero = self._zero
+        return zero_opt.buckets(zero) if zero is not None else None
+
+    def _state_bytes(self, opt: Any) -> int:
+        """The optimizer's states, and under DeepSpeed ZeRO its fp32 master partitions."""
+        zero = self._zero
+        return optimizer_state_bytes(opt) if zero is None else zero_opt.state_bytes(opt, zero)
 
     def _refresh_due(self, index: int) -> bool:
         return self._schedule.refresh_due(index) or index == self._forced_refresh
@@ -426,9 +454,12 @@ class Tracker:
             rec.opt_begin = self._sums.optimizer_states
             probe = self._probe()
             rec.grads_begin = self._sums.gradients if probe is not None and probe.grad is not None else 0
+            if self._zero_ref is not None:  # DeepSpeed's buffers, not param.grad: as last measured at a start
+                rec.grads_begin = self._zero_grads_begin
             if self._refresh_due(index):
                 self._refresh_weights()
-                rec.grads_begin = self._sums.gradients = gradient_bytes(self.model)
+                rec.grads_begin = self._sums.gradients = self._gradient_bytes()
+                self._zero_grads_begin = rec.grads_begin
             rec.heap_on = sched.heap_due(index)
             if self._memory is not None:
                 self._memory.read_start(rec)
@@ -480,11 +511,11 @@ class Tracker:
                 memory.measure_runtime(rec, step_parts(rec, self._sums), comm)
         if self._refresh_due(rec.index) and self._guard.ok(Feature.GRADIENTS):
             with self._guard(Feature.GRADIENTS):  # DDP's buckets, rebuilt after the first backward
-                self._sums.buckets = ddp_buckets(self.model)
+                self._sums.buckets = ddp_buckets(self.model) or self._zero_buckets()
         if rec.grads is None and self._refresh_due(rec.index) and self._guard.ok(Feature.GRADIENTS):
             # No optimizer hook saw this step: gradients as they are now.
             with self._guard(Feature.GRADIENTS):
-                rec.grads = gradient_bytes(self.model)
+                rec.grads = self._gradient_bytes()
                 self._sums.gradients = rec.grads
         self._steps_done += 1
         self._keep_out_of_compile()
@@ -707,7 +738,7 @@ class Tracker:
             sums = self._sums
             if self._guard.ok(Feature.GRADIENTS) and rec.grads is None and self._refresh_due(rec.index):
                 with self._guard(Feature.GRADIENTS):
-                    sums.gradients = gradient_bytes(self.model)
+                    sums.gradients = self._gradient_bytes()
             rec.grads = sums.gradients
             held = Held(gradients=rec.grads, optimizer_states=rec.opt_begin)
             if self._memory is not None:
@@ -730,7 +761,7 @@ class Tracker:
             opt = self._optimizer
             if opt is not None and self._guard.ok(Feature.OPTIMIZER_STATES) and refresh:
                 with self._guard(Feature.OPTIMIZER_STATES):
-                    self._sums.optimizer_states = optimizer_state_bytes(opt)
+                    self._sums.optimizer_states = self._state_bytes(opt)
             rec.opt_after = self._sums.optimizer_states
             if refresh and self._memory is not None:  # in steady state the heap after the step equals before
                 held = held_after_optimizer(rec, self._sums)
@@ -821,13 +852,15 @@ class Tracker:
 
     @property
     def precision(self) -> Precision:
-        if self._precision_override is not None:
-            return self._precision_override
-        return detect_precision(
-            param_dtype=self._param_dtype,
-            autocast_dtype=self._autocast_dtype,
-            grad_scaler=self._grad_scaler,
-        )
+        detected = self._precision_override
+        if detected is None:
+            detected = detect_precision(
+                param_dtype=self._param_dtype,
+                autocast_dtype=self._autocast_dtype,
+                grad_scaler=self._grad_scaler,
+            )
+        # DeepSpeed's bit16 parameters come with fp32 masters (the Trainer's bf16 flag says "bf16" too)
+        return detected if self._zero_ref is None else zero_opt.precision(self._param_dtype, detected)
 
     @property
     def optimizer_kind(self) -> OptimizerKind:
@@ -881,6 +914,10 @@ class Tracker:
         if cached is None or cached[0] != (precision, kind):
             table = {c.value: expected_bytes_per_param(c, precision, kind) for c in MODEL_COMPONENTS}
             cached = self._expected = ((precision, kind), table)
+        zero = self._zero
+        if zero is not None:  # laid out as DeepSpeed lays it out (masters with the optimizer states)
+            itemsize = torch.empty(0, dtype=self._param_dtype).element_size()
+            return zero_opt.expected(cached[1], zero, itemsize)
         return dict(cached[1])
 
     def _snapshot(self, result: MemoryResult | None, oom: str | None) -> Snapshot:
