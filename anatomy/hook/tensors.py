@@ -129,6 +129,8 @@ def optimizer_state_bytes(optimizer: Any) -> int:
     total = 0
     for per_param in list(state.values()):
         for t in _state_tensors(per_param):
+            if getattr(t, "is_paged", False) is True:
+                continue  # bitsandbytes' managed memory, outside the allocator: anatomy.hook.paged
             key = storage_key(t)
             if key not in seen:
                 seen.add(key)

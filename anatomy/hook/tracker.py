@@ -53,6 +53,7 @@ from anatomy.hook.guard import MAX_TEXT, Feature, Guard
 from anatomy.hook.heap import HostHeap
 from anatomy.hook.hello import build_hello
 from anatomy.hook.opgroups import OpGroupProfiler
+from anatomy.hook.paged import paged_state_bytes
 from anatomy.hook.publishing import Channel
 from anatomy.hook.record import Held, MemoryResult, StepRecord, Sums
 from anatomy.hook.saved import SavedTensorCounter, input_storage_keys
@@ -185,6 +186,7 @@ class Tracker:
         self._optimizer_ref: weakref.ref[Any] | None = None  # weak: a replaced optimizer must die
         self._zero_ref: weakref.ref[Any] | None = None  # DeepSpeed's ZeRO optimizer around it, if any
         self._zero_grads_begin = 0  # its gradient buffers at the last measured step's start (stage 3's stay)
+        self._managed = 0  # paged optimizer states in CUDA managed memory (anatomy.hook.paged)
         self._forced_refresh = -1  # a step whose sums are re-taken whatever the schedule (a change)
         self._looked_at = 0  # the last step that compared the model's parameters in full
         self._kind_of: tuple[Any, OptimizerKind] | None = None
@@ -333,6 +335,8 @@ class Tracker:
 
     def _state_bytes(self, opt: Any) -> int:
         """The optimizer's states, and under DeepSpeed ZeRO its fp32 master partitions."""
+        if self._is_cuda:
+            self._managed = paged_state_bytes(opt)
         zero = self._zero
         return optimizer_state_bytes(opt) if zero is None else zero_opt.state_bytes(opt, zero)
 
@@ -826,13 +830,16 @@ class Tracker:
             held = min(unsharded, at_peak.get(Component.TEMPORARIES.value) or 0)
             at_peak[Component.UNSHARDED_PARAMETERS.value] = held
             at_peak[Component.TEMPORARIES.value] = (at_peak.get(Component.TEMPORARIES.value) or 0) - held
+        cuda = split.cuda
+        if cuda is not None and self._managed:
+            cuda = replace(cuda, managed=self._managed)
         return MemoryResult(
             step=rec.index,
             memory=memory,
             peak=split.peak,
             phase=split.phase,
             source=backend.source,
-            cuda=split.cuda,
+            cuda=cuda,
             micro=rec.micro,
             batch=self._batch_size(rec),
             at_peak=at_peak if named else None,
