@@ -168,9 +168,9 @@ def expected(table: dict[str, float | None], zero: Any, param_bytes: int) -> dic
     """The guide's bytes/param, laid out as DeepSpeed lays memory out: weights are the parameters' own
     dtype (``param_bytes``; the guide's mixed-precision weight figure includes the 4 B master copy, which
     DeepSpeed keeps with the optimizer), optimizer states gain the 4 B/param fp32 master, gradients are
-    held in the parameters' dtype. Stages 1-2 partition states (and stage 2 gradients) over the ranks while
-    weights stay whole, so those figures are per rank (÷ world size); stage 3's parameter count is the
-    rank's partition already."""
+    held in the parameters' dtype. Stages 1-2 partition states and the reduced gradients (each rank keeps
+    its partition's) over the ranks while weights stay whole, so those figures are per rank (÷ world size);
+    stage 3's parameter count is the rank's partition already."""
     out = dict(table)
     n = world_size(zero)
     level = stage(zero)
@@ -181,7 +181,7 @@ def expected(table: dict[str, float | None], zero: Any, param_bytes: int) -> dic
     if out.get(Component.WEIGHTS.value) is not None:
         out[Component.WEIGHTS.value] = float(param_bytes)
     if out.get(Component.GRADIENTS.value) is not None:
-        out[Component.GRADIENTS.value] = float(param_bytes) / (split if level == 2 else 1)
+        out[Component.GRADIENTS.value] = float(param_bytes) / split
     return out
 
 

@@ -1,7 +1,8 @@
 """A DeepSpeed ZeRO training run on CPU, with and without the anatomy hook; prints one JSON document.
 
 Run by tests/stacks/test_deepspeed.py as ``python deepspeed_train.py STAGE DTYPE [STAGE DTYPE ...]``, one
-process for every configuration (``torch.distributed`` is initialised once, single rank, gloo). For each
+process for every configuration (``torch.distributed`` is initialised once, single rank, gloo), or under
+``torchrun --standalone --nproc-per-node 2`` (then every rank reports, keyed ``STAGE-DTYPE@RANK``). For each
 configuration: the losses of a run without the hook, the same run with it, the hook's figures, and an
 independent count of DeepSpeed's own tensors made here, at the moments the hook measures: gradients just
 before ``engine.step()`` (DeepSpeed's gradient buffers then), weights and optimizer states after it.
@@ -248,6 +249,8 @@ def trainer_run(stage: int, dtype: str, hooked: bool) -> dict[str, Any]:
             expected=snap.expected_bytes_per_param,
             zero_class=type(zopt).__name__,
             groups=len(zopt.optimizer.param_groups),
+            numel=sum(p.numel() for p in trainer.model.parameters()),
+            world_size=1,
         )
     trainer.model_wrapped.destroy()
     return result
@@ -261,8 +264,14 @@ def main(argv: list[str]) -> None:
         fn = trainer_run if trainer else run
         plain = fn(stage, dtype, hooked=False)
         hooked = fn(stage, dtype, hooked=True)
-        results[f"{stage_arg}-{dtype}"] = {**hooked, "plain_losses": plain["losses"]}
-    print("RESULT " + json.dumps(results))
+        key = f"{stage_arg}-{dtype}"
+        if torch.distributed.get_world_size() > 1:  # under torchrun: one result per rank
+            key += f"@{torch.distributed.get_rank()}"
+        results[key] = {**hooked, "plain_losses": plain["losses"]}
+    print("RESULT " + json.dumps(results), flush=True)
+    # Every rank leaves together: a rank that exits while its peer still talks to it makes gloo abort the peer.
+    torch.distributed.barrier()
+    torch.distributed.destroy_process_group()
 
 
 if __name__ == "__main__":

@@ -2,9 +2,10 @@
 independent count of DeepSpeed's own tensors made in the training process (tests/stacks/deepspeed_train.py),
 and the losses with and without the hook.
 
-Two training processes run side by side: ``deepspeed.initialize`` with stages 1, 2, 3 in bf16 and stage 3 in
-fp32 (a torch AdamW with two parameter groups), and the Hugging Face Trainer with
-``TrainingArguments(deepspeed=config)`` at stage 2 in bf16 (tiny Llama from a config). Each starts with an
+Three training jobs run side by side: ``deepspeed.initialize`` with stage 1 in bf16, stage 2 in fp32 and
+stage 3 in bf16 (a torch AdamW with two parameter groups); the Hugging Face Trainer with
+``TrainingArguments(deepspeed=config)`` at stage 2 in bf16 (tiny Llama from a config); and stage 3 in bf16 on
+two ranks under torchrun (partitioned parameters, all-gathered for the forward). Each starts with an
 empty ``TORCH_EXTENSIONS_DIR``: nothing depends on a JIT-built DeepSpeed op.
 """
 
@@ -26,8 +27,9 @@ from anatomy.hook import zero as zero_opt
 
 ROOT = Path(__file__).resolve().parents[2]
 WORKER = Path(__file__).with_name("deepspeed_train.py")
-INITIALIZE = ["1-bf16", "2-bf16", "3-bf16", "3-fp32"]
+INITIALIZE = ["1-bf16", "2-fp32", "3-bf16"]
 TRAINER = ["trainer2-bf16"]
+RANKS = ["3-bf16"]  # under torchrun, two ranks
 ADAMW_BYTES = 8.0  # the guide's AdamW states per parameter
 MASTER_BYTES = 4.0  # the guide's fp32 master copy per parameter
 
@@ -38,7 +40,7 @@ def _free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def _launch(args: list[str], tmp: Path) -> subprocess.Popen[str]:
+def _launch(args: list[str], tmp: Path, ranks: int = 1) -> subprocess.Popen[str]:
     env = dict(os.environ)
     env.update(
         PYTHONPATH=str(ROOT),
@@ -48,8 +50,9 @@ def _launch(args: list[str], tmp: Path) -> subprocess.Popen[str]:
         OMP_NUM_THREADS="1",
     )
     env.pop("ANATOMY_TOP", None)
+    launcher = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={ranks}"]
     return subprocess.Popen(
-        [sys.executable, str(WORKER), *args],
+        [*(launcher if ranks > 1 else [sys.executable]), str(WORKER), *args],
         env=env,
         cwd=str(tmp),
         stdout=subprocess.PIPE,
@@ -62,25 +65,34 @@ def _collect(proc: subprocess.Popen[str]) -> dict[str, Any]:
     out, _ = proc.communicate(timeout=240)
     lines = [line for line in out.splitlines() if line.startswith("RESULT ")]
     assert proc.returncode == 0 and lines, out[-4000:]
-    result: dict[str, Any] = json.loads(lines[-1].removeprefix("RESULT "))
+    result: dict[str, Any] = {}
+    for line in lines:  # one per rank
+        result.update(json.loads(line.removeprefix("RESULT ")))
     return result
 
 
 @pytest.fixture(scope="module")
 def deepspeed_runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
-    """Both training processes, started together (each is mostly waiting on its own imports)."""
+    """The three training jobs, started together (each is mostly waiting on its own imports)."""
     tmp = tmp_path_factory.mktemp("deepspeed")
-    for sub in ("a", "b"):
+    for sub in ("a", "b", "c"):
         (tmp / sub).mkdir()
-    args = [part for key in INITIALIZE for part in key.split("-")]
-    procs = [_launch(args, tmp / "a"), _launch([p for k in TRAINER for p in k.split("-")], tmp / "b")]
+
+    def args(keys: list[str]) -> list[str]:
+        return [part for key in keys for part in key.split("-")]
+
+    procs = [
+        _launch(args(INITIALIZE), tmp / "a"),
+        _launch(args(TRAINER), tmp / "b"),
+        _launch(args(RANKS), tmp / "c", ranks=2),
+    ]
     results: dict[str, Any] = {}
     for proc in procs:
         results.update(_collect(proc))
     return results
 
 
-ALL = INITIALIZE + TRAINER
+ALL = INITIALIZE + TRAINER + [f"{k}@{r}" for k in RANKS for r in (0, 1)]
 
 
 @pytest.mark.parametrize("key", ALL)
@@ -112,19 +124,37 @@ def test_weights_gradients_and_optimizer_states_match_deepspeeds_tensors(
 def test_bytes_per_parameter_follow_deepspeeds_layout(deepspeed_runs: dict[str, Any], key: str) -> None:
     run = deepspeed_runs[key]
     params = run["parameter_count"]
-    bf16 = key.endswith("bf16")
+    bf16 = "bf16" in key
     itemsize = 2 if bf16 else 4
+    ranks = run.get("world_size", 1)
+    stage3 = key.split("-")[0].endswith("3")
     assert run["precision"] == ("bf16_mixed" if bf16 else "fp32")
-    # fp32 masters of every parameter (one rank: one partition holds them all), 4 B/param
-    assert run["independent"]["masters"] == MASTER_BYTES * params
+    # stage 3: the rank's partition of every parameter; stages 1-2: whole parameters
+    assert params == (run["numel"] // ranks if stage3 else run["numel"])
+    # states and reduced gradients partitioned over the ranks in stages 1-2 (their parameters whole)
+    split = 1 if stage3 else ranks
+    # fp32 masters of the rank's partition: 4 B/param
+    assert abs(run["independent"]["masters"] / params - MASTER_BYTES / split) < 0.02
     expected = run["expected"]
-    assert expected["optimizer_states"] == ADAMW_BYTES + MASTER_BYTES
+    assert expected["optimizer_states"] == (ADAMW_BYTES + MASTER_BYTES) / split
     assert expected["weights"] == itemsize
-    assert expected["gradients"] == itemsize
+    assert expected["gradients"] == itemsize / split
     measured = run["hook"]["optimizer_states"] / params
-    assert abs(measured - expected["optimizer_states"]) < 0.01  # + AdamW's step counters
+    assert abs(measured - expected["optimizer_states"]) < 0.02  # + AdamW's step counters, alignment padding
+    assert abs(run["hook"]["gradients"] / params - expected["gradients"]) < 0.02
     # weights are the bit16 parameters (+ the model's buffers), not 6 B/param
     assert abs(run["hook"]["weights"] / params - itemsize) < 0.01
+
+
+def test_stage3_gathered_parameters_are_not_activations(deepspeed_runs: dict[str, Any]) -> None:
+    """Two ranks: ZeRO-3 all-gathers each parameter for its module's forward, and the forward saves the
+    gathered weights for backward. The activations are the same as on one rank (same model, same batch);
+    the gathered weights are unsharded parameters, not activations."""
+    one = deepspeed_runs["3-bf16"]["hook"]["activations"]
+    for rank in (0, 1):
+        hook = deepspeed_runs[f"3-bf16@{rank}"]["hook"]
+        assert hook["activations"] == one
+        assert hook["unsharded_parameters"] is not None
 
 
 @pytest.mark.parametrize("key", ALL)
