@@ -237,7 +237,8 @@ def test_the_pipeline_runs_every_check_and_fails_each_gpu_one_on_its_own(
     ):
         assert by_check[check].status == v.PASS, by_check[check]
     # the user's peak: never reset by the hook; its readings differ here only because the stand-in's
-    # "allocated" is the host heap, where the hook's own bookkeeping lives (on a GPU it holds no device memory)
+    # "allocated" is the host heap, where the hook's own bookkeeping lives (on a GPU it holds no device
+    # memory)
     untouched = by_check["user's max_memory_allocated untouched"]
     assert "reset_peak_memory_stats" not in untouched.detail
     assert untouched.status == v.PASS or untouched.detail.startswith("differs with the hook")

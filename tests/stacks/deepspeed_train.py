@@ -269,7 +269,7 @@ def main(argv: list[str]) -> None:
             key += f"@{torch.distributed.get_rank()}"
         results[key] = {**hooked, "plain_losses": plain["losses"]}
     print("RESULT " + json.dumps(results), flush=True)
-    # Every rank leaves together: a rank that exits while its peer still talks to it makes gloo abort the peer.
+    # Every rank leaves together: a rank exiting while its peer still talks to it makes gloo abort the peer.
     torch.distributed.barrier()
     torch.distributed.destroy_process_group()
 
