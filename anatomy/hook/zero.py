@@ -9,9 +9,9 @@ torch optimizer's ``state``:
   even of fp32 weights. They are optimizer states here (the guide's mixed-precision 4 B/param of master
   weights);
 - **gradients** in its own flat buffers, never in ``param.grad``: ``averaged_gradients`` (the partition's
-  reduced gradients, stages 1-2), ``grads_in_partition`` and ``ipg_buffer`` (stage 2's contiguous gradients
-  and reduction bucket), ``grad_partitions_flat_buffer`` (stage 3, kept between steps), and the fp32
-  ``.grad`` of a master partition while the optimizer steps;
+  reduced gradients, stages 1-2), ``grads_in_partition`` (stage 2's partition of contiguous gradients,
+  where it keeps one), ``grad_partitions_flat_buffer`` (stage 3, kept between steps), and the fp32 ``.grad``
+  of a master partition while the optimizer steps;
 - **reduction buckets** (``ipg_buckets[dtype].buffer``: ``reduce_bucket_size`` elements, 5e8 by default,
   so 1 GB in bf16): stage 3 allocates them once and keeps them — communication buffers, as DDP's; stages
   1-2 allocate them at each backward's start and drop them by its end, so they are part of backward's
@@ -37,7 +37,8 @@ from anatomy.hook.distributed import Buckets
 from anatomy.hook.tensors import storage_bytes, storage_key
 from anatomy.vocabulary import Component, Precision
 
-# Attributes holding the fp32 master weights (flat partitions), by ZeRO stage; BF16_Optimizer's too.
+# Attributes holding the fp32 master weights (flat partitions), by ZeRO stage; the last is BF16_Optimizer's
+# (bf16 without ZeRO partitioning: recognised, not tested).
 MASTER_ATTRS = (
     "single_partition_of_fp32_groups",
     "fp32_partitioned_groups_flat",
@@ -47,7 +48,6 @@ MASTER_ATTRS = (
 GRADIENT_ATTRS = (
     "averaged_gradients",
     "grads_in_partition",
-    "ipg_buffer",
     "grad_partitions_flat_buffer",
     "_DeepSpeedZeroOptimizer_Stage3__param_id_to_grad_partition",
     "fp32_groups_gradients_flat",
