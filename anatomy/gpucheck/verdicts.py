@@ -223,8 +223,13 @@ def monitor_json(doc: Mapping[str, Any], pid: int) -> list[Verdict]:
     w = "monitor"
     out: list[Verdict] = []
     nvml = doc.get("nvml") or {}
+    mine = [t for t in doc.get("training") or [] if t.get("pid") == pid]
     if not nvml.get("available"):
         out.append(Verdict(w, "NVML read", FAIL, f"not available: {nvml.get('reason')}"))
+        listed = "listed among the training processes" if mine else "not among the training processes either"
+        out.append(
+            Verdict(w, "anatomy reconciled", FAIL, f"no NVML figure to reconcile with; pid {pid} {listed}")
+        )
         return out
     gpus = doc.get("gpus") or []
     out.append(
@@ -242,7 +247,6 @@ def monitor_json(doc: Mapping[str, Any], pid: int) -> list[Verdict]:
             f"pid {pid}: {mib(used) if procs else 'absent'}",
         )
     )
-    mine = [t for t in doc.get("training") or [] if t.get("pid") == pid]
     if not mine:
         out.append(Verdict(w, "anatomy reconciled", FAIL, f"pid {pid} not among the training processes"))
         return out
