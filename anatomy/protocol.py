@@ -207,6 +207,9 @@ class CudaMemory:
     peak_allocated: int  # peak within the last step
     alloc_retries: int
     ooms: int
+    # CUDA managed memory the hook can name (bitsandbytes' paged optimizer states), outside the allocator;
+    # optional on the wire (an older hook sends none), so no protocol version change
+    managed: int = 0
 
 
 @dataclass(frozen=True)
@@ -444,7 +447,7 @@ def _snapshot_from(d: Mapping[str, Any]) -> Snapshot:
     cuda = None
     if cuda_raw is not None:
         cuda = CudaMemory(
-            **{k: _bytes(cuda_raw, k, nullable=False) or 0 for k in CudaMemory.__dataclass_fields__}
+            **{k: _bytes(cuda_raw, k, nullable=k == "managed") or 0 for k in CudaMemory.__dataclass_fields__}
         )
     timing_raw = _req(d, "timing", dict, nullable=True) or {}
     timing = Timing(

@@ -203,10 +203,15 @@ class SavedTensorCounter:
 
     def set_params(self, weights: Iterable[torch.Tensor]) -> None:
         """The weight storages (parameters and buffers): never activations. Sharded parameters (DTensors:
-        FSDP2) mean that other parameters the forward saves are FSDP's gathered copies."""
+        FSDP2; DeepSpeed ZeRO-3's ``ds_tensor`` partitions) mean that other parameters the forward saves are
+        the gathered copies."""
         weights = list(weights)
         self._weight_keys = frozenset(storage_key(p) for p in weights)
-        self._sharded = any(isinstance(getattr(p, "_local_tensor", None), torch.Tensor) for p in weights)
+        self._sharded = any(
+            isinstance(getattr(p, "_local_tensor", None), torch.Tensor)
+            or isinstance(getattr(p, "ds_tensor", None), torch.Tensor)
+            for p in weights
+        )
 
     def set_inputs(self, keys: frozenset[int]) -> None:
         """Storages of the forward's inputs: they existed before the step."""

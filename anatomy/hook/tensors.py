@@ -17,9 +17,13 @@ from anatomy.hook.quantized import layer_state_tensors, logical_numel, quantizat
 
 def local_tensor(t: torch.Tensor) -> torch.Tensor:
     """What this process holds of ``t``: a DTensor's local shard (FSDP2's sharded parameters, their
-    gradients and optimizer states), else ``t`` itself."""
+    gradients and optimizer states), a DeepSpeed ZeRO-3 parameter's partition (``ds_tensor``: its
+    ``.data`` is emptied between uses, all-gathered for its module's forward and backward), else ``t``."""
     local = getattr(t, "_local_tensor", None)
-    return local if isinstance(local, torch.Tensor) else t
+    if isinstance(local, torch.Tensor):
+        return local
+    part = getattr(t, "ds_tensor", None)
+    return part if isinstance(part, torch.Tensor) else t
 
 
 def storage_key(t: torch.Tensor) -> int:
@@ -134,6 +138,8 @@ def optimizer_state_bytes(optimizer: Any) -> int:
     total = 0
     for per_param in list(state.values()):
         for t in _state_tensors(per_param):
+            if getattr(t, "is_paged", False) is True:
+                continue  # bitsandbytes' managed memory, outside the allocator: anatomy.hook.paged
             key = storage_key(t)
             if key not in seen:
                 seen.add(key)

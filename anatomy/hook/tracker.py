@@ -41,18 +41,20 @@ from typing import Any, Literal
 import torch
 
 from anatomy import advisor
+from anatomy.hook import zero as zero_opt
 from anatomy.hook.backend import CudaBackend, HeapBackend, MemoryBackend
 from anatomy.hook.changes import ModelWatch, OptimizerWatch
 from anatomy.hook.compiled import compile_in_use, outside_compile
 from anatomy.hook.cuda import CudaAllocator
 from anatomy.hook.detect import active_autocast_dtype, detect_optimizer, detect_precision, is_oom
-from anatomy.hook.distributed import communication_bytes, ddp_buckets
+from anatomy.hook.distributed import Buckets, communication_bytes, ddp_buckets
 from anatomy.hook.gradients import GradientWatcher
 from anatomy.hook.guard import MAX_TEXT, Feature, Guard
 from anatomy.hook.heap import HostHeap
 from anatomy.hook.hello import build_hello
 from anatomy.hook.opgroups import OpGroupProfiler
 from anatomy.hook.others import OtherModels
+from anatomy.hook.paged import paged_state_bytes
 from anatomy.hook.publishing import Channel
 from anatomy.hook.quantized import weight_quantization
 from anatomy.hook.record import Held, MemoryResult, StepRecord, Sums
@@ -189,6 +191,9 @@ class Tracker:
         self._sums = Sums()
         self._precision_override = precision
         self._optimizer_ref: weakref.ref[Any] | None = None  # weak: a replaced optimizer must die
+        self._zero_ref: weakref.ref[Any] | None = None  # DeepSpeed's ZeRO optimizer around it, if any
+        self._zero_grads_begin = 0  # its gradient buffers at the last measured step's start (stage 3's stay)
+        self._managed = 0  # paged optimizer states in CUDA managed memory (anatomy.hook.paged)
         self._forced_refresh = -1  # a step whose sums are re-taken whatever the schedule (a change)
         self._looked_at = 0  # the last step that compared the model's parameters in full
         self._kind_of: tuple[Any, OptimizerKind] | None = None
@@ -272,11 +277,12 @@ class Tracker:
         for h in self._opt_handles:
             h.remove()
         self._opt_handles = []
-        if hasattr(opt, "register_step_pre_hook"):
-            pre, post = (
-                self._out_of_compile(self._on_optimizer_pre),
-                self._out_of_compile(self._on_optimizer_post),
-            )
+        pre = self._out_of_compile(self._on_optimizer_pre)
+        post = self._out_of_compile(self._on_optimizer_post)
+        zero = self._zero
+        if zero is not None:  # its torch optimizer steps once per group inside: hook the whole update
+            self._opt_handles = list(zero_opt.hook_step(zero, pre, post))
+        elif hasattr(opt, "register_step_pre_hook"):
             self._opt_handles = [opt.register_step_pre_hook(pre), opt.register_step_post_hook(post)]
 
     def _out_of_compile(self, fn: Callable[..., Any]) -> Callable[..., Any]:
@@ -300,6 +306,9 @@ class Tracker:
             opt = unwrap_optimizer(optimizer)
             if opt is self._optimizer:
                 return
+            zero = zero_opt.find_zero(optimizer, self.model)
+            self._zero_ref = weakref.ref(zero) if zero is not None else None
+            self._sums.buckets = self._zero_buckets() or self._sums.buckets
             self._optimizer_ref = self._optimizer_watch.current = weakref.ref(opt)
             self._register_optimizer_hooks(opt)
             self._hello_changed()
@@ -308,7 +317,7 @@ class Tracker:
         opt = self._optimizer
         if opt is not None and self._guard.ok(Feature.OPTIMIZER_STATES):
             with self._guard(Feature.OPTIMIZER_STATES):
-                self._sums.optimizer_states = optimizer_state_bytes(opt)
+                self._sums.optimizer_states = self._state_bytes(opt)
 
     def add_model(self, name: str, module: torch.nn.Module) -> None:
         """Name another model the step runs (a distillation teacher, a reference model, an EMA copy): its
@@ -333,6 +342,29 @@ class Tracker:
         """Rebuilt on next use; a running publisher gets it with the next snapshot."""
         self._hello = None
         self._hello_stale = True
+
+    @property
+    def _zero(self) -> Any:
+        ref = self._zero_ref
+        return ref() if ref is not None else None
+
+    def _gradient_bytes(self) -> int:
+        """Gradients held now: ``param.grad``, and under DeepSpeed ZeRO its own gradient buffers."""
+        zero = self._zero
+        if zero is None:
+            return gradient_bytes(self.model)
+        return zero_opt.gradient_bytes(list(self.model.parameters()), zero)
+
+    def _zero_buckets(self) -> Buckets | None:
+        zero = self._zero
+        return zero_opt.buckets(zero) if zero is not None else None
+
+    def _state_bytes(self, opt: Any) -> int:
+        """The optimizer's states, and under DeepSpeed ZeRO its fp32 master partitions."""
+        if self._is_cuda:
+            self._managed = paged_state_bytes(opt)
+        zero = self._zero
+        return optimizer_state_bytes(opt) if zero is None else zero_opt.state_bytes(opt, zero)
 
     def _refresh_due(self, index: int) -> bool:
         return self._schedule.refresh_due(index) or index == self._forced_refresh
@@ -479,9 +511,12 @@ class Tracker:
             rec.opt_begin = self._sums.optimizer_states
             probe = self._probe()
             rec.grads_begin = self._sums.gradients if probe is not None and probe.grad is not None else 0
+            if self._zero_ref is not None:  # DeepSpeed's buffers, not param.grad: as last measured at a start
+                rec.grads_begin = self._zero_grads_begin
             if self._refresh_due(index):
                 self._refresh_weights()
-                rec.grads_begin = self._sums.gradients = gradient_bytes(self.model)
+                rec.grads_begin = self._sums.gradients = self._gradient_bytes()
+                self._zero_grads_begin = rec.grads_begin
             rec.heap_on = sched.heap_due(index)
             if self._memory is not None:
                 self._memory.read_start(rec)
@@ -534,11 +569,11 @@ class Tracker:
                 memory.measure_runtime(rec, step_parts(rec, self._sums), comm + self._sums.other_models)
         if self._refresh_due(rec.index) and self._guard.ok(Feature.GRADIENTS):
             with self._guard(Feature.GRADIENTS):  # DDP's buckets, rebuilt after the first backward
-                self._sums.buckets = ddp_buckets(self.model)
+                self._sums.buckets = ddp_buckets(self.model) or self._zero_buckets()
         if rec.grads is None and self._refresh_due(rec.index) and self._guard.ok(Feature.GRADIENTS):
             # No optimizer hook saw this step: gradients as they are now.
             with self._guard(Feature.GRADIENTS):
-                rec.grads = gradient_bytes(self.model)
+                rec.grads = self._gradient_bytes()
                 self._sums.gradients = rec.grads
         self._steps_done += 1
         self._keep_out_of_compile()
@@ -763,7 +798,7 @@ class Tracker:
             sums = self._sums
             if self._guard.ok(Feature.GRADIENTS) and rec.grads is None and self._refresh_due(rec.index):
                 with self._guard(Feature.GRADIENTS):
-                    sums.gradients = gradient_bytes(self.model)
+                    sums.gradients = self._gradient_bytes()
             rec.grads = sums.gradients
             held = Held(gradients=rec.grads, optimizer_states=rec.opt_begin)
             if self._memory is not None:
@@ -786,7 +821,7 @@ class Tracker:
             opt = self._optimizer
             if opt is not None and self._guard.ok(Feature.OPTIMIZER_STATES) and refresh:
                 with self._guard(Feature.OPTIMIZER_STATES):
-                    self._sums.optimizer_states = optimizer_state_bytes(opt)
+                    self._sums.optimizer_states = self._state_bytes(opt)
             rec.opt_after = self._sums.optimizer_states
             if refresh and self._memory is not None:  # in steady state the heap after the step equals before
                 held = held_after_optimizer(rec, self._sums)
@@ -858,13 +893,16 @@ class Tracker:
             held = min(unsharded, at_peak.get(Component.TEMPORARIES.value) or 0)
             at_peak[Component.UNSHARDED_PARAMETERS.value] = held
             at_peak[Component.TEMPORARIES.value] = (at_peak.get(Component.TEMPORARIES.value) or 0) - held
+        cuda = split.cuda
+        if cuda is not None and self._managed:
+            cuda = replace(cuda, managed=self._managed)
         return MemoryResult(
             step=rec.index,
             memory=memory,
             peak=split.peak,
             phase=split.phase,
             source=backend.source,
-            cuda=split.cuda,
+            cuda=cuda,
             micro=rec.micro,
             batch=self._batch_size(rec),
             at_peak=at_peak if named else None,
@@ -884,13 +922,15 @@ class Tracker:
 
     @property
     def precision(self) -> Precision:
-        if self._precision_override is not None:
-            return self._precision_override
-        return detect_precision(
-            param_dtype=self._param_dtype,
-            autocast_dtype=self._autocast_dtype,
-            grad_scaler=self._grad_scaler,
-        )
+        detected = self._precision_override
+        if detected is None:
+            detected = detect_precision(
+                param_dtype=self._param_dtype,
+                autocast_dtype=self._autocast_dtype,
+                grad_scaler=self._grad_scaler,
+            )
+        # DeepSpeed's bit16 parameters come with fp32 masters (the Trainer's bf16 flag says "bf16" too)
+        return detected if self._zero_ref is None else zero_opt.precision(self._param_dtype, detected)
 
     @property
     def optimizer_kind(self) -> OptimizerKind:
@@ -953,6 +993,10 @@ class Tracker:
                 for c in MODEL_COMPONENTS
             }
             cached = self._expected = ((precision, kind, fraction, quantized), table)
+        zero = self._zero
+        if zero is not None:  # laid out as DeepSpeed lays it out (masters with the optimizer states)
+            itemsize = torch.empty(0, dtype=self._param_dtype).element_size()
+            return zero_opt.expected(cached[1], zero, itemsize)
         return dict(cached[1])
 
     def _snapshot(self, result: MemoryResult | None, oom: str | None) -> Snapshot:

@@ -19,6 +19,7 @@ def reconciled_dict(rec: Reconciled) -> dict[str, Any]:
         "total_source": rec.total_source,
         "measured_sum": rec.measured_sum,
         "reconciles": rec.reconciles,
+        "managed_bytes": rec.managed_bytes,  # paged optimizer states (CUDA managed memory), not a row
         "note": rec.note,
         "parameter_count": rec.parameter_count,
         "trainable_parameter_count": rec.trainable_parameter_count,

@@ -3,7 +3,9 @@
 When the hook sends ``Snapshot.at_peak`` (what each component held at the moment of the step's peak),
 the rows are that split, and they add up exactly:
 
-    CUDA:  NVML bytes = CUDA context + kernels      (= NVML bytes − reserved)
+    CUDA:  NVML bytes = CUDA context + kernels      (= NVML bytes − reserved − managed)
+                      + managed memory              (bitsandbytes' paged optimizer states, outside the
+                                                     allocator: ``CudaMemory.managed``, not a row)
                       + allocator cache             (= reserved − peak allocated)
                       + the at-peak rows            (sum = peak allocated: weights, optimizer states,
                                                      gradients, activations, temporaries, unattributed)
@@ -85,14 +87,20 @@ class Reconciled:
     peak_bytes: int | None = None  # the step's peak: allocated (CUDA) / glibc heap in use (CPU)
     peak_phase: str | None = None
     at_peak_step: int | None = None  # the step whose per-op trace gave the split
+    managed_bytes: int = 0  # CUDA managed memory (paged optimizer states) taken out of NVML's figure
+
+    @property
+    def accounted(self) -> int:
+        """The rows and the managed memory: what ``total`` is checked against."""
+        return self.measured_sum + self.managed_bytes
 
     def row(self, component: Component) -> ReconciledRow | None:
         return next((r for r in self.rows if r.component is component), None)
 
     @property
     def unexplained(self) -> int | None:
-        """total − measured_sum: what no row accounts for (negative when the rows overshoot)."""
-        return None if self.total_source == TOTAL_SUM else self.total - self.measured_sum
+        """total − the rows − managed memory: what nothing accounts for (negative when they overshoot)."""
+        return None if self.total_source == TOTAL_SUM else self.total - self.accounted
 
 
 SUM_OF_ROWS = " = sum of the rows"
@@ -120,8 +128,11 @@ def reconcile(hello: Hello | None, snapshot: Snapshot, nvml_process_bytes: int |
         if cache is None and cuda is not None and cuda.reserved >= cuda.allocated:
             cache = cuda.reserved - cuda.allocated
         context = snapshot.memory.get(Component.CUDA_CONTEXT.value)
-        if nvml_process_bytes is not None and reserved is not None and nvml_process_bytes >= reserved:
-            context = nvml_process_bytes - reserved
+        measured_context, managed = _context_and_managed(
+            nvml_process_bytes, reserved, cuda.managed if cuda is not None else 0
+        )
+        if measured_context is not None:
+            context = measured_context
         values[Component.CUDA_CONTEXT] = context
         values[Component.ALLOCATOR_CACHE] = cache
         total: int | None
@@ -143,9 +154,11 @@ def reconcile(hello: Hello | None, snapshot: Snapshot, nvml_process_bytes: int |
             total, total_source = None, TOTAL_SUM
         order = _order(on_cuda, values)
 
+    if not on_cuda:
+        managed = 0
     measured_sum = sum(values[c] or 0 for c in order)
     all_measured = all(values[c] is not None for c in order)
-    reconciles = total is not None and all_measured and measured_sum == total
+    reconciles = total is not None and all_measured and measured_sum + managed == total
     if total is None:
         total = measured_sum
     if not reconciles and note is None:
@@ -188,6 +201,7 @@ def reconcile(hello: Hello | None, snapshot: Snapshot, nvml_process_bytes: int |
         trainable_parameter_count=trainable,
         peak_bytes=snapshot.peak_bytes,
         peak_phase=snapshot.peak_phase,
+        managed_bytes=managed,
     )
 
 
@@ -199,15 +213,17 @@ def _reconcile_at_peak(
     values: dict[Component, int | None] = {c: at_peak.get(c.value) for c in Component}
     maxima: dict[Component, int | None] = {c: snapshot.memory.get(c.value) for c in Component}
     note: str | None = None
+    managed = 0
     skip: set[Component] = set()  # rows that cannot be measured in this situation (not a failure)
     if on_cuda:
         cuda = snapshot.cuda
         reserved = cuda.reserved if cuda is not None else None
-        cache = context = None
+        cache = None
         if reserved is not None and reserved >= peak:
             cache = reserved - peak
-        if nvml_process_bytes is not None and reserved is not None and nvml_process_bytes >= reserved:
-            context = nvml_process_bytes - reserved
+        context, managed = _context_and_managed(
+            nvml_process_bytes, reserved, cuda.managed if cuda is not None else 0
+        )
         values[Component.CUDA_CONTEXT] = maxima[Component.CUDA_CONTEXT] = context
         values[Component.ALLOCATOR_CACHE] = maxima[Component.ALLOCATOR_CACHE] = cache
         total: int
@@ -234,7 +250,7 @@ def _reconcile_at_peak(
     order = _order(on_cuda, values, maxima)
     measured_sum = sum(values[c] or 0 for c in order)
     all_measured = all(values[c] is not None for c in order if c not in skip)
-    reconciles = all_measured and measured_sum == total
+    reconciles = all_measured and measured_sum + managed == total
     if not reconciles and (note is None or note == CPU_TOTAL_NOTE):
         missing = [c.label for c in order if values[c] is None and c not in skip]
         if missing:
@@ -269,7 +285,17 @@ def _reconcile_at_peak(
         peak_bytes=snapshot.peak_bytes,
         peak_phase=snapshot.peak_phase,
         at_peak_step=snapshot.at_peak_step,
+        managed_bytes=managed,
     )
+
+
+def _context_and_managed(nvml: int | None, reserved: int | None, managed: int) -> tuple[int | None, int]:
+    """CUDA context = NVML's figure − reserved − the managed memory in it. Managed pages count in NVML's
+    figure only while resident on the GPU, so no more is taken out than NVML's figure leaves."""
+    if nvml is None or reserved is None or nvml < reserved:
+        return None, 0
+    taken = min(max(managed, 0), nvml - reserved)
+    return nvml - reserved - taken, taken
 
 
 def _order(on_cuda: bool, *figures: dict[Component, int | None]) -> tuple[Component, ...]:
@@ -303,6 +329,8 @@ def total_line(rec: Reconciled, step: int | None = None) -> str:
     phase = f" in {rec.peak_phase}" if rec.peak_phase else ""
     peak = f"{fmt_bytes(rec.peak_bytes)}{phase}"
     equals = SUM_OF_ROWS if rec.reconciles else ""
+    if rec.managed_bytes and rec.reconciles:
+        equals = f" = sum of the rows + {fmt_bytes(rec.managed_bytes)} paged optimizer states (managed)"
     if rec.total_source == TOTAL_NVML:
         line = f"NVML {fmt_bytes(rec.total)}{equals} · peak allocated {peak}"
     elif rec.total_source == TOTAL_RESERVED:
