@@ -101,6 +101,11 @@ class PlanSettings:
     use_cache: bool | None = None  # the forward returns a KV cache; None: the config's use_cache
     target_len: int | None = None  # seq2seq: label tokens; None: = seq_len
     image_size: int | None = None  # image tasks: pixels per side; None: config.image_size
+    # One rank of a data-parallel job (anatomy.plan.sharding): a plan per world size given.
+    fsdp: tuple[int, ...] = ()  # FSDP2 world sizes
+    ddp: tuple[int, ...] = ()  # DDP world sizes
+    zero: int | None = None  # DeepSpeed ZeRO stage (1, 2, 3), on each of world_size
+    world_size: tuple[int, ...] = ()  # ZeRO's world sizes
 
     def __post_init__(self) -> None:
         # Accept the strings the CLI and JSON use; hold the enums.
@@ -165,6 +170,27 @@ def check_settings(settings: PlanSettings) -> None:
         raise PlanError(f"unknown task {s.task!r} (one of {', '.join(t.value for t in Task)})")
     if s.task is not None:
         check_task_options(s, s.task)
+    check_parallelism(s)
+
+
+MAX_WORLD_SIZE = 1 << 20
+ZERO_STAGES = (1, 2, 3)
+
+
+def check_parallelism(s: PlanSettings) -> None:
+    """--fsdp/--ddp/--world-size: whole numbers >= 1; --zero: a stage DeepSpeed has, with a world size."""
+    for name, sizes in (("--fsdp", s.fsdp), ("--ddp", s.ddp), ("--world-size", s.world_size)):
+        for n in sizes:
+            if not isinstance(n, int) or isinstance(n, bool) or not 1 <= n <= MAX_WORLD_SIZE:
+                raise PlanError(
+                    f"{name} {n!r}: a world size is a whole number from 1 to {_count(MAX_WORLD_SIZE)}"
+                )
+    if s.zero is not None and s.zero not in ZERO_STAGES:
+        raise PlanError(f"--zero {s.zero!r}: DeepSpeed's ZeRO stages are 1, 2 and 3")
+    if s.zero is None and s.world_size:
+        raise PlanError("--world-size applies to --zero (for FSDP and DDP: --fsdp N, --ddp N)")
+    if s.zero is not None and not s.world_size:
+        raise PlanError("--zero needs --world-size N (the ranks the states are partitioned over)")
 
 
 def check_shape(batch: int, seq_len: int | None, target_len: int | None, image_size: int | None) -> None:
