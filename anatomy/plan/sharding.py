@@ -211,7 +211,9 @@ def zero_states(
         gradients = low * part + 4 * part
         comm = low * min(numel, ZERO_REDUCE_BUCKET)
     else:
-        gradients = low * part + 4 * part + low * largest  # the largest layer's gradients, gathered
+        # The fp32 gradient partition (DeepSpeed's estimator counts no 16-bit partition at stage 3) and
+        # the largest module's gradients, whole while its backward runs.
+        gradients = 4 * part + low * largest
         comm = 0
     del target  # DeepSpeed allocates flat buffers: the allocator's rounding is negligible
     return RankStates(
