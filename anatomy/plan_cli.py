@@ -91,7 +91,16 @@ def build_parser() -> argparse.ArgumentParser:
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     p.add_argument(
-        "model", help="a directory with config.json, a config.json path, or a hub id (needs network)"
+        "model",
+        nargs="?",
+        help="a directory with config.json, a config.json path, or a hub id (needs network)",
+    )
+    p.add_argument(
+        "--like",
+        type=_whole,
+        metavar="PID",
+        help="plan the job training process PID runs (its hook's config and batch shape) and show "
+        "plan vs measured per component",
     )
     p.add_argument(
         "--task",
@@ -223,9 +232,13 @@ def main(argv: list[str] | None = None, out: TextIO | None = None, err: TextIO |
         settings = settings_from(args)
         check_settings(settings)
         check_gpu(args.gpu, None, settings.target)
+        if (args.model is None) == (args.like is None):
+            raise PlanError("give MODEL (a config directory or file) or --like PID, one of them")
     except PlanError as exc:
         err.write(f"{PROG}: {exc}\n")
         return 2
+    if args.like is not None:
+        return _like(args.like, settings, args.json, out, err)
     try:
         from anatomy.plan.config import load_config
         from anatomy.plan.planner import Planner
@@ -270,6 +283,21 @@ def main(argv: list[str] | None = None, out: TextIO | None = None, err: TextIO |
             from anatomy.plan.rank_report import render_ranks
 
             render_ranks(ranks, out)
+    return 0
+
+
+def _like(pid: int, settings: PlanSettings, as_json: bool, out: TextIO, err: TextIO) -> int:
+    """`--like PID`: the plan of that process's job beside what its hook measured."""
+    from anatomy.plan.like import run
+
+    try:
+        run(pid, settings, as_json, out)
+    except PlanError as exc:
+        err.write(f"{PROG}: {exc}\n")
+        return 2
+    except Exception as exc:  # a value, not a traceback: say what failed
+        err.write(f"{PROG}: failed: {type(exc).__name__}: {str(exc)[:500]}\n")
+        return 1
     return 0
 
 

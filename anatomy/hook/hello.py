@@ -11,7 +11,7 @@ import torch
 from anatomy.hook.detect import detect_optimizer
 from anatomy.hook.guard import Feature, Guard
 from anatomy.hook.tensors import dominant_dtype, dtype_name, parameter_count
-from anatomy.protocol import Hello
+from anatomy.protocol import MAX_CONFIG_CHARS, Hello
 from anatomy.vocabulary import Precision
 
 
@@ -32,6 +32,7 @@ def build_hello(
     precision: Precision,
     started_at: float,
     guard: Guard,
+    batch_shape: tuple[int, ...] | None = None,
 ) -> Hello:
     count, dtype = 0, "float32"
     with guard(Feature.DEVICE):
@@ -53,8 +54,25 @@ def build_hello(
         local_world_size=env_int("LOCAL_WORLD_SIZE"),
         dtype=dtype,
         optimizer_class=type(optimizer).__name__ if optimizer is not None else "",
+        batch_shape=batch_shape,
+        model_config=model_config_json(model),
         **_device_facts(model, device if is_cuda else None, guard),
     )
+
+
+def model_config_json(model: torch.nn.Module) -> str | None:
+    """The Hugging Face config (its diff from the defaults, as `save_pretrained` writes it) as JSON, for
+    `anatomy-top plan --like`; None for a model without one, or one beyond the protocol's bound."""
+    inner = getattr(model, "module", None)  # DDP's wrapper
+    config = getattr(inner if isinstance(inner, torch.nn.Module) else model, "config", None)
+    to_json = getattr(config, "to_json_string", None)
+    if not callable(to_json):
+        return None
+    try:
+        text = to_json(use_diff=True)
+    except Exception:  # a config that cannot serialize itself: the hello goes without it
+        return None
+    return text if isinstance(text, str) and len(text) <= MAX_CONFIG_CHARS else None
 
 
 def _run_id() -> str | None:

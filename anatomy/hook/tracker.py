@@ -198,6 +198,7 @@ class Tracker:
         self._unpublished = False  # the latest snapshot has not gone to the publisher (a failed step)
         self._last_built = 0.0
         self._hello: Hello | None = None
+        self._batch_shape: tuple[int, ...] | None = None  # the first batch tensor's, for `plan --like`
         self._started_at = time.time()
         self._suggestions: list[Suggestion] = []
         self._advised_at = -1e9
@@ -590,6 +591,9 @@ class Tracker:
             self._close_window(rec)  # an earlier micro-batch's, left open after its forward
             x = _first_tensor(args, kwargs)
             shape = tuple(x.shape) if x is not None else None
+            if shape is not None and self._batch_shape is None:
+                self._batch_shape = shape  # once: a shape that varies per step must not resend the hello
+                self._hello_changed()
             if x is not None and x.dim() >= 1 and (rec.samples is None or rec.tokens is None):
                 rec.samples_seen += int(x.shape[0])
                 if x.dim() >= 2 and not x.is_floating_point():
@@ -848,6 +852,7 @@ class Tracker:
                 precision=self.precision,
                 started_at=self._started_at,
                 guard=self._guard,
+                batch_shape=self._batch_shape,
             )
         return self._hello
 
