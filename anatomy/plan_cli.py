@@ -219,7 +219,11 @@ def settings_from(args: argparse.Namespace) -> PlanSettings:
     )
 
 
-def main(argv: list[str] | None = None, out: TextIO | None = None, err: TextIO | None = None) -> int:
+def main(
+    argv: list[str] | None = None, out: TextIO | None = None, err: TextIO | None = None, lean: bool = False
+) -> int:
+    """``lean``: the process is the command's own (``anatomy-top plan``), so it may import lean
+    (:mod:`anatomy.plan.lean`); a caller's process (tests, a notebook) keeps transformers as it is."""
     out = out or sys.stdout
     err = err or sys.stderr
     parser = build_parser()
@@ -240,6 +244,10 @@ def main(argv: list[str] | None = None, out: TextIO | None = None, err: TextIO |
     if args.like is not None:
         return _like(args.like, settings, args.json, out, err)
     try:
+        from anatomy.plan.lean import lean_imports
+
+        if lean:
+            lean_imports()  # before any model code: transformers' accelerate/DeepSpeed integrations unused
         from anatomy.plan.config import load_config
         from anatomy.plan.planner import Planner
         from anatomy.plan.search import largest_batch, technique_table
@@ -302,4 +310,4 @@ def _like(pid: int, settings: PlanSettings, as_json: bool, out: TextIO, err: Tex
 
 
 if __name__ == "__main__":
-    raise SystemExit(main())
+    raise SystemExit(main(lean=True))
