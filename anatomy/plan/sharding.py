@@ -304,6 +304,9 @@ def rank_plan(planner: Any, settings: PlanSettings, kind: str, n: int, gpu: str 
         * min(share, 1)
     )
     comm_always = rs.communication if kind == "ddp" else 0  # DDP's buckets live from construction on
+    # Under ZeRO the model itself is 16-bit (DeepSpeed's bf16/fp16 modes; no autocast copies of fp32
+    # weights): its weights are the 16-bit parameters counted in the states.
+    copies = 0 if kind.startswith("zero") else 1
 
     def phase(peak: Any, gathered: int, grads_in_flight: int) -> tuple[int, dict[Component, int]]:
         cats = peak.by_category
@@ -315,7 +318,7 @@ def rank_plan(planner: Any, settings: PlanSettings, kind: str, n: int, gpu: str 
         else:
             grads = 0
         at = {
-            Component.WEIGHTS: rs.weights + cats[Category.WEIGHT_COPY],
+            Component.WEIGHTS: rs.weights + copies * cats[Category.WEIGHT_COPY],
             Component.UNSHARDED_PARAMETERS: gathered,
             Component.OPTIMIZER_STATES: opt,
             Component.GRADIENTS: grads,
@@ -359,7 +362,7 @@ def rank_plan(planner: Any, settings: PlanSettings, kind: str, n: int, gpu: str 
     components: dict[Component, int | None] = {
         Component.CUDA_CONTEXT: context,
         Component.ALLOCATOR_CACHE: headroom,
-        Component.WEIGHTS: rs.weights + prof.weight_copies,
+        Component.WEIGHTS: rs.weights + copies * prof.weight_copies,
         Component.UNSHARDED_PARAMETERS: rs.unsharded_peak or None,
         Component.OPTIMIZER_STATES: opt,
         Component.GRADIENTS: rs.gradients,
