@@ -47,6 +47,14 @@ def _whole(text: str) -> int:
     return value
 
 
+def _sizes(text: str) -> tuple[int, ...]:
+    """World sizes: ``2`` or ``2,4,8``; their range is checked with the other settings."""
+    try:
+        return tuple(int(part) for part in text.split(","))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a world size or a list like 2,4,8") from None
+
+
 def _fill(text: str, first: str = "", rest: str = "") -> str:
     return textwrap.fill(text, width=79, initial_indent=first, subsequent_indent=rest, break_on_hyphens=False)
 
@@ -84,7 +92,16 @@ def build_parser() -> argparse.ArgumentParser:
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     p.add_argument(
-        "model", help="a directory with config.json, a config.json path, or a hub id (needs network)"
+        "model",
+        nargs="?",
+        help="a directory with config.json, a config.json path, or a hub id (needs network)",
+    )
+    p.add_argument(
+        "--like",
+        type=_whole,
+        metavar="PID",
+        help="plan the job training process PID runs (its hook's config and batch shape) and show "
+        "plan vs measured per component",
     )
     p.add_argument(
         "--task",
@@ -174,6 +191,19 @@ def build_parser() -> argparse.ArgumentParser:
         help="plain: `out = model(...)` held until the step ends, torch's AdamW default; "
         "trainer: the HF Trainer (outputs dropped after the loss, fused AdamW)",
     )
+    p.add_argument(
+        "--fsdp",
+        type=_sizes,
+        default=(),
+        metavar="N[,N...]",
+        help="plan rank 0 of an FSDP2 job (fully_shard per transformer block and the root) on N ranks; "
+        "a column per world size",
+    )
+    p.add_argument("--ddp", type=_sizes, default=(), metavar="N[,N...]", help="plan one rank of a DDP job")
+    p.add_argument("--zero", type=int, metavar="STAGE", help="plan one rank of DeepSpeed ZeRO-1, 2 or 3")
+    p.add_argument(
+        "--world-size", type=_sizes, default=(), metavar="N[,N...]", help="--zero: ranks partitioned over"
+    )
     p.add_argument("--exact-depth", action="store_true", help="run every layer instead of extrapolating")
     p.add_argument("--quick", action="store_true", help="skip the technique table and the batch-size search")
     p.add_argument("--json", action="store_true", help="one JSON object on stdout")
@@ -262,10 +292,18 @@ def settings_from(args: argparse.Namespace) -> PlanSettings:
         use_cache=args.kv_cache,
         target_len=args.target_len,
         image_size=args.image_size,
+        fsdp=args.fsdp,
+        ddp=args.ddp,
+        zero=args.zero,
+        world_size=args.world_size,
     )
 
 
-def main(argv: list[str] | None = None, out: TextIO | None = None, err: TextIO | None = None) -> int:
+def main(
+    argv: list[str] | None = None, out: TextIO | None = None, err: TextIO | None = None, lean: bool = False
+) -> int:
+    """``lean``: the process is the command's own (``anatomy-top plan``), so it may import lean
+    (:mod:`anatomy.plan.lean`); a caller's process (tests, a notebook) keeps transformers as it is."""
     out = out or sys.stdout
     err = err or sys.stderr
     parser = build_parser()
@@ -278,10 +316,18 @@ def main(argv: list[str] | None = None, out: TextIO | None = None, err: TextIO |
         settings = settings_from(args)
         check_settings(settings)
         check_gpu(args.gpu, None, settings.target)
+        if (args.model is None) == (args.like is None):
+            raise PlanError("give MODEL (a config directory or file) or --like PID, one of them")
     except PlanError as exc:
         err.write(f"{PROG}: {exc}\n")
         return 2
+    if args.like is not None:
+        return _like(args.like, settings, args.json, out, err)
     try:
+        from anatomy.plan.lean import lean_imports
+
+        if lean and settings.quant is None:  # bitsandbytes' quantized layers need accelerate
+            lean_imports()  # before any model code: transformers' accelerate/DeepSpeed integrations unused
         from anatomy.plan.config import load_config
         from anatomy.plan.planner import Planner
         from anatomy.plan.search import largest_batch, technique_table
@@ -298,7 +344,12 @@ def main(argv: list[str] | None = None, out: TextIO | None = None, err: TextIO |
         result = planner.plan(settings, args.gpu)
         rows: list[Any] | None = None
         batch: Any | None = None
-        if not args.quick and settings.target == Target.CUDA:
+        ranks: list[Any] = []
+        if settings.fsdp or settings.ddp or settings.zero is not None:
+            from anatomy.plan.sharding import rank_plans
+
+            ranks = rank_plans(planner, settings, args.gpu)
+        if not args.quick and settings.target == Target.CUDA and not ranks:
             rows = technique_table(planner, settings, args.gpu)
             batch = largest_batch(planner, settings, args.gpu)
     except PlanError as exc:
@@ -310,11 +361,33 @@ def main(argv: list[str] | None = None, out: TextIO | None = None, err: TextIO |
         err.write(f"{PROG}: failed: {type(exc).__name__}: {str(exc)[:500]}\n")
         return 1
     if args.json:
-        out.write(json.dumps(to_json(result, rows, batch), indent=2) + "\n")
+        doc = to_json(result, rows, batch)
+        if ranks:
+            doc["ranks"] = [r.to_dict() for r in ranks]
+        out.write(json.dumps(doc, indent=2) + "\n")
     else:
         render_text(result, rows, batch, out)
+        if ranks:
+            from anatomy.plan.rank_report import render_ranks
+
+            render_ranks(ranks, out)
+    return 0
+
+
+def _like(pid: int, settings: PlanSettings, as_json: bool, out: TextIO, err: TextIO) -> int:
+    """`--like PID`: the plan of that process's job beside what its hook measured."""
+    from anatomy.plan.like import run
+
+    try:
+        run(pid, settings, as_json, out)
+    except PlanError as exc:
+        err.write(f"{PROG}: {exc}\n")
+        return 2
+    except Exception as exc:  # a value, not a traceback: say what failed
+        err.write(f"{PROG}: failed: {type(exc).__name__}: {str(exc)[:500]}\n")
+        return 1
     return 0
 
 
 if __name__ == "__main__":
-    raise SystemExit(main())
+    raise SystemExit(main(lean=True))

@@ -57,6 +57,8 @@ MAX_SPEED_FACTOR = 1e3
 # A reader's poll takes at most this much from one socket, so a flooding peer cannot stall a monitor:
 # the rest waits for the next poll (only the latest snapshot matters anyway).
 POLL_BUDGET_BYTES = 4 * MAX_MESSAGE_BYTES
+MAX_CONFIG_CHARS = 32 * 1024  # a hello's model_config: a large config (id2label of 20k labels) is left out
+MAX_BATCH_DIMS = 8
 POLL_BUDGET_S = 0.025
 SOCKET_SUFFIX = ".sock"
 OOM_SUFFIX = ".oom.json"
@@ -196,6 +198,10 @@ class Hello:
     trainable_parameter_count: int | None = None
     weight_quantization: str | None = None  # "nf4" | "fp4" | "int8" (bitsandbytes), None: not quantized
     other_models: dict[str, int] | None = None  # name -> bytes of each other model in the step
+    # Optional, for `anatomy-top plan --like PID`: the model's Hugging Face config as JSON (its diff from
+    # the defaults, at most MAX_CONFIG_CHARS) and the shape of the first batch tensor the model was fed.
+    model_config: str | None = None
+    batch_shape: tuple[int, ...] | None = None
     protocol: int = PROTOCOL_VERSION
     type: str = "hello"
 
@@ -392,6 +398,8 @@ def _hello_from(d: Mapping[str, Any]) -> Hello:
         trainable_parameter_count=_req(d, "trainable_parameter_count", int, nullable=True),
         weight_quantization=_quantization(d),
         other_models=_other_models(d),
+        model_config=_config_json(d),
+        batch_shape=_shape(d, "batch_shape"),
     )
 
 
@@ -415,6 +423,34 @@ def _other_models(d: Mapping[str, Any]) -> dict[str, int] | None:
         value = _bytes(raw, name, nullable=False)
         out[name] = value if value is not None else 0
     return out
+
+
+def _config_json(d: Mapping[str, Any]) -> str | None:
+    """A JSON object of at most MAX_CONFIG_CHARS (the only string longer than _req's bound)."""
+    value = d.get("model_config")
+    if value is None:
+        return None
+    if not isinstance(value, str) or len(value) > MAX_CONFIG_CHARS:
+        raise ProtocolError("field 'model_config': expected a JSON object of at most 32 KiB")
+    try:
+        parsed = json.loads(value)
+    except ValueError:
+        raise ProtocolError("field 'model_config': not JSON") from None
+    if not isinstance(parsed, dict):
+        raise ProtocolError("field 'model_config': not a JSON object")
+    return value
+
+
+def _shape(d: Mapping[str, Any], key: str) -> tuple[int, ...] | None:
+    value = _req(d, key, (list, tuple), nullable=True)  # a list on the wire, a tuple when encoding
+    if value is None:
+        return None
+    if len(value) > MAX_BATCH_DIMS:
+        raise ProtocolError(f"field {key!r}: more than {MAX_BATCH_DIMS} dimensions")
+    for v in value:
+        if not isinstance(v, int) or isinstance(v, bool) or not 0 <= v <= MAX_INT:
+            raise ProtocolError(f"field {key!r}: dimensions are whole numbers in 0..2**62")
+    return tuple(value)
 
 
 _COMPONENT_KEYS = {c.value for c in Component}

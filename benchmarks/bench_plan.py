@@ -7,16 +7,26 @@ memory growing < 500 MB; T5-base and ViT-base plan times for the other tasks):
   * the ratio of the default (depth-extrapolated) plan to the exact full-depth run of the same model,
     measured in the same run, with both results (they must agree);
   * the technique table + largest-batch search time;
-  * advise() per call, against protocol.encode of the same snapshot (what the hook pays per publish).
+  * advise() per call, against protocol.encode of the same snapshot (what the hook pays per publish);
+  * first (``--walls`` alone): the whole process's wall time of ``anatomy-top plan BERT_LARGE_DIR --quick``
+    against accelerate's weights-only estimate of the same local config (``accelerate estimate-memory``'s
+    own code: a local directory fails its hub check, so the snippet below runs the rest of it) and the
+    floor both stand on, ``import torch, transformers`` — as ratios from one run, each command run
+    alternately and its best time kept (the machine's load moves all three alike).
 
-Run: .venv/bin/python benchmarks/bench_plan.py
+Run: .venv/bin/python benchmarks/bench_plan.py [--walls]
 """
 
 from __future__ import annotations
 
+import os
 import resource
+import subprocess
+import sys
+import tempfile
 import time
 from dataclasses import replace
+from pathlib import Path
 
 import psutil
 
@@ -39,7 +49,69 @@ def _timed(fn, repeat: int = 1):  # type: ignore[no-untyped-def]
     return best, out
 
 
+REPO = Path(__file__).resolve().parents[1]
+# `accelerate estimate-memory MODEL --library_name transformers --dtypes float32` on a local config: its
+# create_empty_model without the hub lookup (verify_on_hub fails offline and for a directory), then its
+# own size arithmetic and table.
+ACCELERATE = """
+import sys, torch
+from transformers import AutoConfig, AutoModel
+from accelerate import init_empty_weights
+from accelerate.commands.estimate import estimate_training_usage
+from accelerate.utils import calculate_maximum_sizes, convert_bytes
+config = AutoConfig.from_pretrained(sys.argv[1])
+with init_empty_weights():
+    model = AutoModel.from_config(config, torch_dtype=torch.float32)
+total, largest = calculate_maximum_sizes(model)
+usage = estimate_training_usage(total, "float32")
+print("float32", convert_bytes(largest[0]), convert_bytes(total), convert_bytes(max(usage.values())))
+"""
+
+
+def process_walls(repeat: int = 3) -> None:
+    """Wall time of whole processes, best of ``repeat`` each, run alternately."""
+    from transformers import BertConfig
+
+    with tempfile.TemporaryDirectory() as tmp:
+        BertConfig(
+            hidden_size=1024,
+            num_hidden_layers=24,
+            num_attention_heads=16,
+            intermediate_size=4096,
+            architectures=["BertForSequenceClassification"],
+        ).save_pretrained(tmp)
+        py = sys.executable
+        commands = {
+            "plan --quick": [py, "-m", "tui.cli", "plan", tmp, "--quick"],
+            "accelerate": [py, "-c", ACCELERATE, tmp],
+            "floor": [py, "-c", "import torch, transformers"],
+        }
+        env = dict(os.environ, PYTHONPATH=str(REPO))
+        best = dict.fromkeys(commands, float("inf"))
+        for _ in range(repeat):
+            for name, cmd in commands.items():
+                t = time.perf_counter()
+                done = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True)
+                wall = time.perf_counter() - t
+                if done.returncode != 0:
+                    raise SystemExit(f"{name} failed: {done.stderr[-2000:]}")
+                best[name] = min(best[name], wall)
+    plan, acc, floor = best["plan --quick"], best["accelerate"], best["floor"]
+    print(f"Whole process, BERT-large local config (best of {repeat}, run alternately):")
+    print(
+        f"  anatomy-top plan --quick {plan:.2f} s, accelerate's estimate {acc:.2f} s, "
+        f"import torch, transformers {floor:.2f} s"
+    )
+    print(
+        f"  plan / accelerate {plan / acc:.2f}x (target <= 1.0), plan / floor {plan / floor:.2f}x, "
+        f"accelerate / floor {acc / floor:.2f}x"
+    )
+
+
 def main() -> None:
+    process_walls()
+    if "--walls" in sys.argv[1:]:
+        return
     import transformers
     from transformers import BertConfig, LlamaConfig
 

@@ -371,7 +371,7 @@ def run_plan(argv: Sequence[str]) -> int:
             file=sys.stderr,
         )
         return 1
-    return int(plan_main(list(argv)) or 0)
+    return int(plan_main(list(argv), lean=True) or 0)  # this process only plans
 
 
 def run_exporter(argv: Sequence[str]) -> int:

@@ -11,7 +11,7 @@ import torch
 from anatomy.hook.detect import detect_optimizer
 from anatomy.hook.guard import Feature, Guard
 from anatomy.hook.tensors import dominant_dtype, dtype_name, parameter_count
-from anatomy.protocol import MAX_OTHER_MODELS, Hello
+from anatomy.protocol import MAX_CONFIG_CHARS, MAX_OTHER_MODELS, Hello
 from anatomy.vocabulary import Precision
 
 
@@ -35,6 +35,7 @@ def build_hello(
     trainable: int | None = None,
     quantization: str | None = None,
     others: dict[str, int] | None = None,
+    batch_shape: tuple[int, ...] | None = None,
 ) -> Hello:
     """``trainable``, ``quantization`` and ``others`` as the tracker last summed them (the trainable count,
     the weights' bitsandbytes format, each other model's bytes)."""
@@ -62,8 +63,25 @@ def build_hello(
         weight_quantization=quantization,
         # the protocol's limit: the component's figure still sums them all
         other_models=dict(list(others.items())[:MAX_OTHER_MODELS]) if others is not None else None,
+        batch_shape=batch_shape,
+        model_config=model_config_json(model),
         **_device_facts(model, device if is_cuda else None, guard),
     )
+
+
+def model_config_json(model: torch.nn.Module) -> str | None:
+    """The Hugging Face config (its diff from the defaults, as `save_pretrained` writes it) as JSON, for
+    `anatomy-top plan --like`; None for a model without one, or one beyond the protocol's bound."""
+    inner = getattr(model, "module", None)  # DDP's wrapper
+    config = getattr(inner if isinstance(inner, torch.nn.Module) else model, "config", None)
+    to_json = getattr(config, "to_json_string", None)
+    if not callable(to_json):
+        return None
+    try:
+        text = to_json(use_diff=True)
+    except Exception:  # a config that cannot serialize itself: the hello goes without it
+        return None
+    return text if isinstance(text, str) and len(text) <= MAX_CONFIG_CHARS else None
 
 
 def _run_id() -> str | None:

@@ -210,6 +210,7 @@ class Tracker:
         self._unpublished = False  # the latest snapshot has not gone to the publisher (a failed step)
         self._last_built = 0.0
         self._hello: Hello | None = None
+        self._batch_shape: tuple[int, ...] | None = None  # the first batch tensor's, for `plan --like`
         self._started_at = time.time()
         self._suggestions: list[Suggestion] = []
         self._advised_at = -1e9
@@ -679,6 +680,9 @@ class Tracker:
             self._close_window(rec)  # an earlier micro-batch's, left open after its forward
             x = _first_tensor(args, kwargs)
             shape = tuple(x.shape) if x is not None else None
+            if shape is not None and self._batch_shape is None:
+                self._batch_shape = shape  # once: a shape that varies per step must not resend the hello
+                self._hello_changed()
             if x is not None and x.dim() >= 1 and (rec.samples is None or rec.tokens is None):
                 rec.samples_seen += int(x.shape[0])
                 if x.dim() >= 2 and not x.is_floating_point():
@@ -954,6 +958,7 @@ class Tracker:
                 trainable=self._trainable_count if self.enabled else None,
                 quantization=self._quantization,
                 others=dict(self._sums.other_by_name) if self._others else None,
+                batch_shape=self._batch_shape,
             )
         return self._hello
 

@@ -119,6 +119,11 @@ class PlanSettings:
     quant: str | None = None  # a bitsandbytes-quantized frozen base: nf4 | fp4 | int8
     # Speech (Task.SPEECH_SEQ2SEQ)
     audio_seconds: float | None = None  # None: the model's window (Whisper: 30 s)
+    # One rank of a data-parallel job (anatomy.plan.sharding): a plan per world size given.
+    fsdp: tuple[int, ...] = ()  # FSDP2 world sizes
+    ddp: tuple[int, ...] = ()  # DDP world sizes
+    zero: int | None = None  # DeepSpeed ZeRO stage (1, 2, 3), on each of world_size
+    world_size: tuple[int, ...] = ()  # ZeRO's world sizes
 
     def __post_init__(self) -> None:
         # Accept the strings the CLI and JSON use; hold the enums.
@@ -184,6 +189,7 @@ def check_settings(settings: PlanSettings) -> None:
     if s.task is not None:
         check_task_options(s, s.task)
     check_adapters(s)
+    check_parallelism(s)
 
 
 QUANT_TYPES: tuple[str, ...] = ("nf4", "fp4", "int8")
@@ -204,6 +210,26 @@ def check_adapters(s: PlanSettings) -> None:
         raise PlanError(f"unknown quantization {s.quant!r} (one of {', '.join(QUANT_TYPES)})")
     if s.audio_seconds is not None and not 0 < s.audio_seconds <= 3600:
         raise PlanError(f"--audio-seconds must be in (0, 3600] (got {s.audio_seconds!r})")
+
+
+MAX_WORLD_SIZE = 1 << 20
+ZERO_STAGES = (1, 2, 3)
+
+
+def check_parallelism(s: PlanSettings) -> None:
+    """--fsdp/--ddp/--world-size: whole numbers >= 1; --zero: a stage DeepSpeed has, with a world size."""
+    for name, sizes in (("--fsdp", s.fsdp), ("--ddp", s.ddp), ("--world-size", s.world_size)):
+        for n in sizes:
+            if not isinstance(n, int) or isinstance(n, bool) or not 1 <= n <= MAX_WORLD_SIZE:
+                raise PlanError(
+                    f"{name} {n!r}: a world size is a whole number from 1 to {_count(MAX_WORLD_SIZE)}"
+                )
+    if s.zero is not None and s.zero not in ZERO_STAGES:
+        raise PlanError(f"--zero {s.zero!r}: DeepSpeed's ZeRO stages are 1, 2 and 3")
+    if s.zero is None and s.world_size:
+        raise PlanError("--world-size applies to --zero (for FSDP and DDP: --fsdp N, --ddp N)")
+    if s.zero is not None and not s.world_size:
+        raise PlanError("--zero needs --world-size N (the ranks the states are partitioned over)")
 
 
 def check_shape(batch: int, seq_len: int | None, target_len: int | None, image_size: int | None) -> None:

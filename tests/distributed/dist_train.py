@@ -1,5 +1,8 @@
 """A small real distributed training job for the tests: DDP (optionally ``gradient_as_bucket_view``) or
-FSDP2 (``fully_shard`` on each Linear and on the model), AdamW, gloo on CPU, under ``torchrun``. Each rank
+FSDP2 (``fully_shard`` on each Linear and on the model), AdamW, gloo on CPU, under ``torchrun``. With
+``--model llama`` the model is a tiny Llama built from ``tiny_llama/config.json`` (FSDP2 on each decoder layer
+and the root, as torchtitan and accelerate wrap), so ``anatomy-top plan tiny_llama --fsdp 2`` can be checked
+against what rank 0 published (tests/distributed/test_plan_ranks.py). Each rank
 trains with the anatomy hook, then writes its independent ground truth (storage bytes it holds, counted
 here from the tensors themselves: local shards through ``DTensor.to_local()``, DDP's buckets) to
 ``<out>/truth-<rank>.json`` and lingers, publishing, until ``<out>/stop`` exists.
@@ -28,6 +31,16 @@ import anatomy
 
 WIDTH = 256
 DEPTH = 4
+
+
+CONFIG_DIR = Path(__file__).resolve().parent / "tiny_llama"
+SEQ_LEN = 32
+
+
+def build_llama() -> nn.Module:
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    return AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(CONFIG_DIR))
 
 
 class Net(nn.Module):
@@ -133,11 +146,13 @@ def main() -> int:
     p.add_argument("--steps", type=int, default=4)
     p.add_argument("--batch", type=int, default=8)
     p.add_argument("--no-hook", action="store_true")
+    p.add_argument("--model", choices=["net", "llama"], default="net")
     args = p.parse_args()
     dist.init_process_group("gloo")
     rank = dist.get_rank()
     torch.manual_seed(0)
-    model: nn.Module = Net()
+    llama = args.model == "llama"
+    model: nn.Module = build_llama() if llama else Net()
     ddp = None
     if args.mode.startswith("ddp"):
         ddp = nn.parallel.DistributedDataParallel(
@@ -147,7 +162,8 @@ def main() -> int:
     else:
         from torch.distributed.fsdp import fully_shard
 
-        for layer in [*model.layers, model.head]:
+        blocks = list(model.model.layers) if llama else [*model.layers, model.head]  # type: ignore[union-attr]
+        for layer in blocks:
             fully_shard(layer)
         fully_shard(model)
         wrapped = model
@@ -155,6 +171,8 @@ def main() -> int:
     tracker = None if args.no_hook else anatomy.track(wrapped, optimizer, sample_every=2, interval_s=0.05)
     gen = torch.Generator().manual_seed(rank)
     losses = []
+    if llama:
+        return train_llama(args, model, wrapped, optimizer, tracker, ddp, rank)
     oracle: SavedOracle | None = None
     gathered_after_forward = 0
     for step in range(args.steps):
@@ -179,6 +197,39 @@ def main() -> int:
     facts["unsharded_after_forward"] = gathered_after_forward
     facts["gathered_saved"] = sum(oracle.gathered.values())
     facts.update(rank=rank, pid=os.getpid(), losses=losses)
+    return finish(args, facts, tracker)
+
+
+def train_llama(
+    args: argparse.Namespace,
+    model: nn.Module,
+    wrapped: nn.Module,
+    optimizer: Any,
+    tracker: Any,
+    ddp: Any,
+    rank: int,
+) -> int:
+    """A plain loop as `anatomy-top plan` plans it: zero_grad(set_to_none) at the step's start, `out` bound
+    until the next forward returns (the config has use_cache off: no KV cache)."""
+    gen = torch.Generator().manual_seed(rank)
+    losses = []
+    out: Any = None
+    for _ in range(args.steps):
+        x = torch.randint(100, 1001, (args.batch, SEQ_LEN), generator=gen)
+        with tracker.step(samples=args.batch) if tracker is not None else contextlib.nullcontext():
+            optimizer.zero_grad(set_to_none=True)
+            out = wrapped(input_ids=x, labels=x)
+            out.loss.backward()
+            optimizer.step()
+        losses.append(float(out.loss.detach()))
+    facts = truth(model, optimizer, ddp)
+    facts.update(rank=rank, pid=os.getpid(), losses=losses)
+    return finish(args, facts, tracker)
+
+
+def finish(args: argparse.Namespace, facts: dict[str, Any], tracker: Any) -> int:
+    """Write this rank's truth, then linger (publishing) until the test says stop."""
+    rank = facts["rank"]
     args.out.mkdir(parents=True, exist_ok=True)
     tmp = args.out / f"truth-{rank}.json.tmp"
     tmp.write_text(json.dumps(facts))

@@ -54,7 +54,7 @@ def _wait(predicate: Any, timeout: float, step: float = 0.1) -> bool:
     return bool(predicate())
 
 
-def run_job(mode: str, hook: bool = True) -> Job:
+def run_job(mode: str, hook: bool = True, model: str = "net") -> Job:
     base = Path(tempfile.mkdtemp(prefix="tr-", dir="/tmp"))
     runtime, out = base / "run", base / "out"
     runtime.mkdir(mode=0o700)
@@ -66,6 +66,7 @@ def run_job(mode: str, hook: bool = True) -> Job:
     args = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={NPROC}"]
     args += [str(SCRIPT), "--mode", mode, "--out", str(out), "--steps", str(STEPS)]
     args += [] if hook else ["--no-hook"]
+    args += ["--model", model]
     with open(log_path, "wb") as log:
         proc = subprocess.Popen(
             args, cwd=REPO, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True
@@ -90,7 +91,7 @@ def run_job(mode: str, hook: bool = True) -> Job:
 
                 assert _wait(all_ranks_final, 30), f"published: {published}\n{log_path.read_text()[-3000:]}"
         once_text, once_json = "", None
-        if hook:  # what `anatomy-top --once [--json]` shows of the job while its ranks are alive
+        if hook and model == "net":  # what `anatomy-top --once [--json]` shows of the job's live ranks
             cmd = [sys.executable, "-m", "tui.cli", "--once"]
             text = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=60)
             doc = subprocess.run(

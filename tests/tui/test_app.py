@@ -386,6 +386,16 @@ async def test_every_key_in_the_help_screen_works(make_app: MakeApp) -> None:
             await pilot.press("h")
             assert not panel.display
 
+        async def plan_like() -> None:
+            from tui.widgets.plan_like_screen import PlanLikeScreen
+
+            await _select_pid(app, pilot, frozen.TRAIN_PID)
+            app.query_one(AnatomyPane).focus()  # the key is the anatomy pane's
+            await pilot.press("l")
+            assert isinstance(app.screen, PlanLikeScreen) and app.screen.pid == frozen.TRAIN_PID
+            await pilot.press("escape")
+            assert app.screen is app.screen_stack[0]
+
         async def help_() -> None:
             await pilot.press("question_mark")
             assert isinstance(app.screen, HelpScreen)
@@ -469,6 +479,7 @@ async def test_every_key_in_the_help_screen_works(make_app: MakeApp) -> None:
             "e": environment,
             "u  g  P": filters,
             "h": history,
+            "l": plan_like,
             "?": help_,
             "q  ctrl+q  ctrl+c": quit_,
         }

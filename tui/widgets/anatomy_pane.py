@@ -4,10 +4,11 @@ time goes, its history, its ranks, and the advisor's suggestions."""
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, ClassVar
 
 from rich.text import Text
 from textual.app import ComposeResult
+from textual.binding import Binding, BindingType
 from textual.containers import Horizontal, Vertical, VerticalScroll
 from textual.widgets import Sparkline, Static
 
@@ -110,6 +111,14 @@ class AnatomyPane(VerticalScroll):
     """``show(process, group, nvml_bytes)``; ``process`` None shows how to start publishing."""
 
     can_focus = True
+    BINDINGS: ClassVar[list[BindingType]] = [
+        Binding(
+            "l",
+            "plan_like",
+            "Plan vs measured",
+            tooltip="Plan this job (anatomy-top plan --like PID) and show the plan beside what was measured",
+        ),
+    ]
 
     def __init__(self, **kwargs: Any) -> None:
         super().__init__(**kwargs)
@@ -160,6 +169,19 @@ class AnatomyPane(VerticalScroll):
 
     def on_mount(self) -> None:
         self.show(None, (), None)
+
+    def action_plan_like(self) -> None:
+        """The plan of the shown process's job beside what its hook measured (in a subprocess)."""
+        from tui.widgets.plan_like_screen import PlanLikeScreen
+
+        process = self.process
+        if process is None or process.pid <= 0:
+            from tui.process_actions import tell
+
+            tell(self.app, "no training process shown: nothing to plan", "warning", 3)
+            return
+        directory = getattr(getattr(self.app, "anatomy_source", None), "directory", None)
+        self.app.push_screen(PlanLikeScreen(process.pid, directory))
 
     def show(
         self,

@@ -44,6 +44,7 @@ KEYS: tuple[tuple[str, str], ...] = (
     ("e", "the selected process's environment (if /proc/PID/environ is readable)"),
     ("u  g  P", "only the selected process's user / GPU / PID; again: all"),
     ("h", "GPU history: utilization and memory sparklines per GPU"),
+    ("l", "anatomy pane: the job's plan vs what was measured (plan --like)"),
     ("?", "show this help"),
     ("q  ctrl+q  ctrl+c", "quit"),
 )
