@@ -4,7 +4,9 @@ metric families from what it just read.
 Nothing is kept from one scrape to the next but the connections and what never changes: one
 ``AnatomySource`` per trusted runtime directory (its readers stay connected, so a scrape drains what each
 hook pushed and takes the latest snapshot, as the monitor does), one ``NvmlSource`` (device handles and
-the identity fields: name, UUID, bus id; every other field is read again on every scrape). Each process is
+the identity fields: name, UUID, bus id; slow fields — temperature, fan, power limit, ECC — at most every
+``SLOW_TTL_S``; memory, utilization, power and processes at every scrape; nvidia-smi's other fields,
+which are not exported, never), and each GPU process's command while NVML lists it. Each process is
 numbered by the kernel's PID for its socket's server (SO_PEERCRED), so a hook in a container is joined
 with NVML's node PID. A process that exits drops out of the next scrape: its series end. Scrapes are
 serialised (NVML and the sources are read by one thread at a time), and a failure of either side is a
@@ -17,16 +19,18 @@ import socket
 import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from prometheus_client.core import Metric
 
 from tui.exporter import discovery
 from tui.exporter.families import Rank, Scrape, families, gpu_of
+from tui.exporter.gpu_processes import MAX_PROCESSES, NodeProcesses
 from tui.exporter.identity import assign_keys, label_value, parent_pid
 from tui.sources.anatomy_source import ERROR, LIVE, AnatomySource, TrainingProcess
 from tui.sources.model import NvmlStatus
-from tui.sources.nvml import NvmlReading, NvmlSource
+from tui.sources.nvml import VIEW_ONLY_FIELDS, NvmlReading, NvmlSource
 
 # How long one scrape waits, in all, for hooks that just connected to send their hello and snapshot.
 FIRST_WAIT_S = 0.05
@@ -34,6 +38,10 @@ FIRST_WAIT_S = 0.05
 
 class NodeCollector:
     """A prometheus_client collector (``collect()``) for one node. ``close()`` ends NVML and the readers."""
+
+    # Slow fields (temperature, fan, power limit, ECC, MIG mode) are read at most this often; fast ones
+    # (memory, utilization, power, processes) at every scrape. dcgm-exporter collects every 30 s.
+    SLOW_TTL_S = 30.0
 
     def __init__(
         self,
@@ -45,11 +53,23 @@ class NodeCollector:
         first_wait_s: float = FIRST_WAIT_S,
         warn: Callable[[str], None] | None = None,
         ppid: Callable[[int], int | None] = parent_pid,
+        max_processes: int = MAX_PROCESSES,
     ) -> None:
         self._dirs = list(dirs)
         self._hostname = hostname
-        # slow_ttl 0: temperature, ECC, limits are read on every scrape like the rest.
-        self._nvml = nvml if nvml is not None else NvmlSource(slow_ttl=0.0, fast_ttl=0.0)
+        # Only what is exported is asked for, the GPUs side by side (a scrape waits for one GPU's calls).
+        self._nvml = (
+            nvml
+            if nvml is not None
+            else NvmlSource(
+                slow_ttl=self.SLOW_TTL_S,
+                fast_ttl=0.0,
+                omit=(*VIEW_ONLY_FIELDS, "nvml_version"),
+                parallel=True,
+            )
+        )
+        self._node_processes = NodeProcesses(max_processes)
+        self._poller = ThreadPoolExecutor(max_workers=1, thread_name_prefix="hooks")
         self._euid = euid
         self._first_wait_s = first_wait_s
         self._warn = warn
@@ -77,8 +97,11 @@ class NodeCollector:
                 processes: list[tuple[TrainingProcess, int]] = []
                 rejected = 0
             else:
+                # The hooks are read on a helper thread while NVML is: NVML's calls wait in the driver
+                # (the GIL released), the hooks' reads are Python; a scrape takes the longer, not the sum.
+                polled = self._poller.submit(self._poll, self._first_wait_s if wait_s is None else wait_s)
                 reading = self._nvml.query()
-                processes, rejected = self._poll(self._first_wait_s if wait_s is None else wait_s)
+                processes, rejected = polled.result()
             counts: dict[str, int] = {}
             for proc, _ in processes:
                 counts[proc.state] = counts.get(proc.state, 0) + 1
@@ -87,6 +110,7 @@ class NodeCollector:
             node_pids = [p.pid for p in live]
             keys = assign_keys([p.hello for p in live if p.hello is not None], self._ppid, node_pids)
             ranks = []
+            node_processes, dropped = self._node_processes.read(reading.processes)
             for key, proc, node_pid in zip(keys, live, node_pids, strict=True):
                 gpu, nvml_bytes = gpu_of(node_pid, reading.gpus, reading.processes)
                 ranks.append(Rank(key, proc, gpu=gpu, nvml_bytes=nvml_bytes, node_pid=node_pid))
@@ -100,6 +124,8 @@ class NodeCollector:
                 nvml_calls=reading.calls,
                 duration_s=time.perf_counter() - start,
                 rejected_dirs=rejected,
+                processes=node_processes,
+                processes_dropped=dropped,
             )
             self.last = scrape
             return scrape
@@ -133,6 +159,7 @@ class NodeCollector:
                 source.close()
             self._sources.clear()
             self._nvml.close()
+            self._poller.shutdown(wait=False)
 
 
 def _rank_order(rank: str) -> tuple[int, str]:
