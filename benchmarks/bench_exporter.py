@@ -54,7 +54,6 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from tui.exporter.text_format import generate_latest  # noqa: E402
 from prometheus_client.parser import text_string_to_metric_families  # noqa: E402
 
 from anatomy.protocol import CudaMemory, Hello, OpGroupStat, Snapshot, Timing, encode  # noqa: E402
@@ -62,6 +61,7 @@ from anatomy.vocabulary import Component, OpGroup  # noqa: E402
 from tui import simnvml  # noqa: E402
 from tui.exporter.collector import NodeCollector  # noqa: E402
 from tui.exporter.server import build_registry  # noqa: E402
+from tui.exporter.text_format import generate_latest  # noqa: E402
 from tui.simnvml.processes import sleepers  # noqa: E402
 from tui.sources.anatomy_source import AnatomySource  # noqa: E402
 from tui.sources.nvml import NvmlSource  # noqa: E402

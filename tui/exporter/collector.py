@@ -54,7 +54,9 @@ class NodeCollector:
         warn: Callable[[str], None] | None = None,
         ppid: Callable[[int], int | None] = parent_pid,
         max_processes: int = MAX_PROCESSES,
+        clock: Callable[[], float] = time.monotonic,
     ) -> None:
+        """``clock``: the monotonic time NVML's slow tier is aged by (tests move it)."""
         self._dirs = list(dirs)
         self._hostname = hostname
         # Only what is exported is asked for, the GPUs side by side (a scrape waits for one GPU's calls).
@@ -66,6 +68,7 @@ class NodeCollector:
                 fast_ttl=0.0,
                 omit=(*VIEW_ONLY_FIELDS, "nvml_version"),
                 parallel=True,
+                clock=clock,
             )
         )
         self._node_processes = NodeProcesses(max_processes)
