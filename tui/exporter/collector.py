@@ -28,6 +28,7 @@ from tui.exporter import discovery
 from tui.exporter.families import Rank, Scrape, families, gpu_of
 from tui.exporter.gpu_processes import MAX_PROCESSES, NodeProcesses
 from tui.exporter.identity import assign_keys, label_value, parent_pid
+from tui.exporter.read_ahead import ReadAhead
 from tui.sources.anatomy_source import ERROR, LIVE, AnatomySource, TrainingProcess
 from tui.sources.model import NvmlStatus
 from tui.sources.nvml import VIEW_ONLY_FIELDS, NvmlReading, NvmlSource
@@ -55,8 +56,10 @@ class NodeCollector:
         ppid: Callable[[int], int | None] = parent_pid,
         max_processes: int = MAX_PROCESSES,
         clock: Callable[[], float] = time.monotonic,
+        read_ahead: bool = True,
     ) -> None:
-        """``clock``: the monotonic time NVML's slow tier is aged by (tests move it)."""
+        """``clock``: the monotonic time NVML's slow tier is aged by (tests move it). ``read_ahead``:
+        read NVML just before each scrape when scrapes come at a steady interval (``read_ahead``)."""
         self._dirs = list(dirs)
         self._hostname = hostname
         # Only what is exported is asked for, the GPUs side by side (a scrape waits for one GPU's calls).
@@ -73,6 +76,8 @@ class NodeCollector:
         )
         self._node_processes = NodeProcesses(max_processes)
         self._poller = ThreadPoolExecutor(max_workers=1, thread_name_prefix="hooks")
+        # When Prometheus scrapes at a steady interval, NVML is read just before each scrape.
+        self._ahead = ReadAhead(self._nvml.query) if read_ahead else None
         self._euid = euid
         self._first_wait_s = first_wait_s
         self._warn = warn
@@ -95,6 +100,7 @@ class NodeCollector:
         with self._lock:
             start = time.perf_counter()
             hostname = self._hostname or label_value(socket.gethostname())
+            nvml_age = 0.0
             if self._closed:
                 reading = NvmlReading(NvmlStatus(available=False, reason="exporter closed"))
                 processes: list[tuple[TrainingProcess, int]] = []
@@ -102,9 +108,13 @@ class NodeCollector:
             else:
                 # The hooks are read on a helper thread while NVML is: NVML's calls wait in the driver
                 # (the GIL released), the hooks' reads are Python; a scrape takes the longer, not the sum.
+                began = time.monotonic()
+                ahead = self._ahead.take() if self._ahead is not None else None
                 polled = self._poller.submit(self._poll, self._first_wait_s if wait_s is None else wait_s)
-                reading = self._nvml.query()
+                reading, nvml_age = ahead if ahead is not None else (self._nvml.query(), 0.0)
                 processes, rejected = polled.result()
+                if self._ahead is not None:
+                    self._ahead.scraped(began)
             counts: dict[str, int] = {}
             for proc, _ in processes:
                 counts[proc.state] = counts.get(proc.state, 0) + 1
@@ -125,6 +135,7 @@ class NodeCollector:
                 ranks=sorted(ranks, key=lambda r: (r.key.run_id, _rank_order(r.key.rank))),
                 publishers=counts,
                 nvml_calls=reading.calls,
+                nvml_age_s=nvml_age,
                 duration_s=time.perf_counter() - start,
                 rejected_dirs=rejected,
                 processes=node_processes,
@@ -158,6 +169,8 @@ class NodeCollector:
     def close(self) -> None:
         with self._lock:
             self._closed = True
+            if self._ahead is not None:
+                self._ahead.close()
             for source, _ in self._sources.values():
                 source.close()
             self._sources.clear()

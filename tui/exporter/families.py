@@ -71,6 +71,7 @@ class Scrape:
     ranks: Sequence[Rank] = ()
     publishers: dict[str, int] = field(default_factory=dict)  # state -> count, every state of the sources
     nvml_calls: int = 0
+    nvml_age_s: float = 0.0  # how old NVML's figures were at the scrape (read ahead of it, or 0)
     duration_s: float = 0.0
     rejected_dirs: int = 0
     processes: Sequence[NodeProcess] = ()  # every GPU process up to the cap, most GPU memory first
@@ -357,9 +358,14 @@ def _exporter_families(out: _Families, scrape: Scrape) -> None:
     out.gauge("anatomy_exporter_nvml_up", "1 if NVML answered this scrape.", ()).add_metric(
         [], 1.0 if status.available else 0.0
     )
-    out.gauge("anatomy_exporter_nvml_calls", "NVML calls this scrape made.", ()).add_metric(
-        [], float(scrape.nvml_calls)
-    )
+    out.gauge(
+        "anatomy_exporter_nvml_calls", "NVML calls made for this scrape (at it, or just before it).", ()
+    ).add_metric([], float(scrape.nvml_calls))
+    out.gauge(
+        "anatomy_exporter_nvml_age_seconds",
+        "How old NVML's figures were at this scrape: read just before it when scrapes are steady, else 0.",
+        (),
+    ).add_metric([], scrape.nvml_age_s)
     out.gauge(
         "anatomy_exporter_collect_duration_seconds", "Time this scrape spent reading NVML and the hooks.", ()
     ).add_metric([], scrape.duration_s)
