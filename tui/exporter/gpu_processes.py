@@ -21,6 +21,7 @@ from tui.sources.model import GpuProcess
 
 MAX_PROCESSES = 128  # per node; --max-processes
 COMMAND_CHARS = 64  # of the command label
+_PAGE_SIZE = os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else 4096
 
 
 @dataclass(frozen=True)
@@ -65,9 +66,6 @@ def _read_rss(pid: int, proc: str) -> int | None:
     except (OSError, ValueError, IndexError):
         return None
     return None if pages is None else pages * _PAGE_SIZE
-
-
-_PAGE_SIZE = os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else 4096
 
 
 class NodeProcesses:
