@@ -762,6 +762,9 @@ def run_app(
     except Exception as exc:  # no traceback for users
         if app._driver is None:
             give_back_terminal()
+        early = startup_signals.pending()
+        if early is not None:  # the terminal hung up as Textual started: what failed is drawing on it
+            return 128 + early
         print(f"anatomy-top: {type(exc).__name__}: {exc}", file=sys.stderr)
         return 1
     finally:

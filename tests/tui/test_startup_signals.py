@@ -10,12 +10,16 @@ import os
 import signal
 import time
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
 
 from tui import startup_signals
-from tui.hangup_driver import HangupSafeDriver, hangup_safe
+from tui.hangup_driver import HangupSafeDriver, TerminalOutput, hangup_safe
+
+REPO = Path(__file__).resolve().parents[2]
+CHILD = Path(__file__).with_name("hangup_child.py")
 
 
 class FakeApp:
@@ -115,3 +119,93 @@ def test_only_the_stock_linux_driver_is_replaced() -> None:
 
     assert hangup_safe(LinuxDriver) is HangupSafeDriver
     assert hangup_safe(HeadlessDriver) is HeadlessDriver
+
+
+def test_terminal_output_drops_what_a_hung_up_terminal_refuses() -> None:
+    class HungUp:
+        def __init__(self) -> None:
+            self.writes = 0
+
+        def write(self, text: str) -> int:
+            self.writes += 1
+            raise OSError(5, "Input/output error")
+
+        def flush(self) -> None:
+            raise OSError(5, "Input/output error")
+
+    stream = HungUp()
+    out = TerminalOutput(stream)
+    assert out.write("frame") == 5 and out.gone  # Textual's writer thread would have died here
+    out.flush()
+    assert out.write("next") == 4 and stream.writes == 1  # dropped, no write attempted again
+
+
+def test_a_terminal_that_hangs_up_as_textual_starts_ends_the_monitor(tmp_path: Any) -> None:
+    """The pty closes (SIGHUP, SIGCONT, every write EIO) just as the app starts: Textual queues its first
+    frames for a writer thread that can no longer write. The monitor must exit, not hang."""
+    import pty
+    import select
+    import sys
+
+    from tui.simnvml import Scenario
+
+    scenario = tmp_path / "scenario.json"
+    Scenario.demo_box(2).to_json(scenario)
+    runtime = tmp_path / "run"
+    runtime.mkdir(mode=0o700)
+    env = dict(os.environ, ANATOMY_TOP_SIMULATE=str(scenario), ANATOMY_TOP_DIR=str(runtime))
+    env.update(TERM="xterm-256color", PYTHONPATH=str(REPO))
+    for delay in (0.0, 0.01, 0.02, 0.05):
+        read, write = os.pipe()
+        os.set_inheritable(write, True)
+        pid, master = pty.fork()
+        if pid == 0:  # the child: exec at once (no Python of this process runs in it)
+            os.execve(sys.executable, [sys.executable, str(CHILD), str(write)], env)
+        os.close(write)
+        status: int | None = None
+        try:
+            assert select.select([read], [], [], 60)[0], "the child did not start"
+            assert os.read(read, 4) == b"run\n"
+            time.sleep(delay)
+            os.close(master)  # the terminal hangs up
+            status = _wait(pid, timeout=max(5.0, 5.0 * os.getloadavg()[0] / (os.cpu_count() or 1)))
+            assert status is not None, f"hung after a hang-up {delay} s into Textual's start: {_stacks(pid)}"
+            said = os.read(read, 200).decode()
+            assert said.split()[0] == str(128 + signal.SIGHUP) and status == 128 + signal.SIGHUP, said
+        finally:
+            os.close(read)
+            if status is None:  # hung (or the test failed before reaping it): end it
+                os.kill(pid, signal.SIGKILL)
+                os.waitpid(pid, 0)
+
+
+def _wait(pid: int, timeout: float) -> int | None:
+    deadline = time.monotonic() + timeout
+    while True:
+        done, status = os.waitpid(pid, os.WNOHANG)
+        if done:
+            return os.waitstatus_to_exitcode(status)
+        if time.monotonic() >= deadline:
+            return None
+        time.sleep(0.02)
+
+
+def _stacks(pid: int) -> str:
+    import shutil
+    import subprocess
+
+    gdb = shutil.which("gdb")
+    if gdb is None:
+        return "(no gdb for stacks)"
+    args = [
+        gdb,
+        "-p",
+        str(pid),
+        "-batch",
+        "-iex",
+        "add-auto-load-safe-path /",
+        "-ex",
+        "thread apply all py-bt",
+    ]
+    out = subprocess.run(args, capture_output=True, text=True, timeout=60).stdout
+    return "\n".join(ln for ln in out.splitlines() if ln.startswith(("Thread", "  File", "    ")))
