@@ -1,5 +1,5 @@
-"""The exporter's own text-format writer writes exactly what prometheus_client's does: on a busy node's
-scrape, on label values and help texts that need escaping, and on families it hands back to
+"""The exporter's own writers (text format, OpenMetrics) write exactly what prometheus_client's do: on a
+busy node's scrape, on label values and help texts that need escaping, and on families it hands back to
 prometheus_client (histograms, counters with ``_created``)."""
 
 from __future__ import annotations
@@ -15,12 +15,15 @@ from prometheus_client.core import (
     Metric,
     UnknownMetricFamily,
 )
+from prometheus_client.openmetrics import exposition as openmetrics
 
 from tui import simnvml
 from tui.exporter import text_format
 from tui.exporter.collector import NodeCollector
 from tui.exporter.server import build_registry
 from tui.simnvml.processes import sleepers
+
+ESCAPINGS = (openmetrics.UNDERSCORES, openmetrics.ALLOWUTF8, openmetrics.VALUES, openmetrics.DOTS)
 
 
 class Frozen:
@@ -50,6 +53,10 @@ def test_a_node_scrape_is_written_byte_for_byte(
     frozen = Frozen(metrics)
     ours = text_format.generate_latest(frozen)
     assert ours == generate_latest(frozen)  # type: ignore[arg-type]
+    for escaping in ESCAPINGS:  # OpenMetrics, as Prometheus asks for it
+        assert text_format.generate_latest_openmetrics(
+            frozen, escaping=escaping
+        ) == openmetrics.generate_latest(frozen, escaping=escaping), escaping
     assert b"anatomy_process_gpu_memory_used_bytes{" in ours and b"process_cpu_seconds_total " in ours
     assert b'run_id="job \\"7\\"\\\\x"' in ours  # a quote and a backslash, escaped
 
@@ -67,6 +74,13 @@ def test_escapes_and_families_it_hands_back() -> None:
     histogram.add_metric(["1"], [("0.1", 1.0), ("+Inf", 3.0)], 0.7)
     untyped = UnknownMetricFamily("u_thing", "untyped", value=2.0)
     empty = GaugeMetricFamily("empty_gauge", "no samples")
-    for metrics in ([gauge, counter, created, histogram, untyped, empty], [histogram, gauge]):
+    unit = GaugeMetricFamily("u_seconds", "with a unit", unit="seconds")
+    unit.add_metric([], 1.0)
+    for metrics in ([gauge, counter, created, histogram, untyped, empty, unit], [histogram, gauge]):
         frozen = Frozen(metrics)
         assert text_format.generate_latest(frozen) == generate_latest(frozen)  # type: ignore[arg-type]
+        for escaping in ESCAPINGS:
+            for version in ("1.0.0", "2.0.0"):
+                ours = text_format.generate_latest_openmetrics(frozen, escaping=escaping, version=version)
+                theirs = openmetrics.generate_latest(frozen, escaping=escaping, version=version)
+                assert ours == theirs, (escaping, version)

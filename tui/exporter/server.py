@@ -153,11 +153,14 @@ class _QuietHandler(WSGIRequestHandler):
 
 
 def make_app(registry: Any) -> Callable[..., Any]:
-    """/metrics: the registry (content negotiation and gzip by prometheus_client; the plain text format,
-    what a GET without OpenMetrics asks for, written by ``text_format``); /: a pointer; else 404."""
+    """/metrics: the registry (content negotiation by prometheus_client; the text format and OpenMetrics
+    written by ``text_format``, byte for byte what prometheus_client writes, gzip when asked); /: a
+    pointer; else 404."""
+    import functools
     import gzip
 
     from prometheus_client import exposition, make_wsgi_app
+    from prometheus_client.openmetrics import exposition as openmetrics
 
     from tui.exporter import text_format
 
@@ -167,9 +170,14 @@ def make_app(registry: Any) -> Callable[..., Any]:
         if environ.get("REQUEST_METHOD") != "GET" or environ.get("QUERY_STRING"):
             return None
         encoder, content_type = exposition.choose_encoder(environ.get("HTTP_ACCEPT") or "")
-        if encoder is not exposition.generate_latest:  # OpenMetrics, or an escaping scheme asked for
+        if encoder is exposition.generate_latest:  # the text format
+            output = text_format.generate_latest(registry)
+        elif isinstance(encoder, functools.partial) and encoder.func is openmetrics.generate_latest:
+            output = text_format.generate_latest_openmetrics(
+                registry, **encoder.keywords
+            )  # as Prometheus asks
+        else:  # the text format with an escaping scheme asked for: prometheus_client's own
             return None
-        output = text_format.generate_latest(registry)
         headers = [("Content-Type", content_type)]
         if exposition.gzip_accepted(environ.get("HTTP_ACCEPT_ENCODING") or ""):
             # Level 1: a third of level 9's time (prometheus_client's) for a body ~40 % larger, still
