@@ -16,12 +16,13 @@ Two measurements, each against a baseline taken in the same run, rounds interlea
    against the monitor's refresh of the same sources (``NvmlSource.query()`` with the TUI's cache
    tiers + ``AnatomySource.poll()``). NVML calls of each, counted by the simulated library itself and
    checked against what the exporter reports about itself (``anatomy_exporter_nvml_calls``).
-2. over HTTP, what Prometheus sees: ``GET /metrics`` (gzip, as Prometheus asks) from a running
-   ``anatomy-top exporter`` process, wall time and the exporter's CPU time per scrape, against
-   ``GET /`` on the same server (the HTTP floor: connection, thread, headers) and against
+2. over HTTP, what Prometheus sees: ``GET /metrics`` from a running ``anatomy-top exporter`` process
+   (OpenMetrics, gzip: Prometheus' Accept headers), wall time and the exporter's CPU time per scrape,
+   against ``GET /`` on the same server (the HTTP floor: connection, thread, headers) and against
    ``nvitop-exporter`` (the peer, if installed) serving the same simulated box at the same cost per call.
    nvitop-exporter collects in a background thread every second and serves its last result; ours reads
-   at the scrape. Both processes run side by side, their scrapes interleaved.
+   NVML once for each scrape (just before it once scrapes come at a steady interval). Both processes run
+   side by side, their scrapes interleaved.
 
 Also printed: the series one scrape holds, by family, and the arithmetic for 1,000 such nodes.
 
@@ -234,8 +235,18 @@ def _cpu_s(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
+# What Prometheus 2.x sends: OpenMetrics first, the text format as a fallback.
+PROMETHEUS_ACCEPT = (
+    "application/openmetrics-text;version=1.0.0;q=0.5,application/openmetrics-text;version=0.0.1;q=0.4,"
+    "text/plain;version=0.0.4;q=0.3,*/*;q=0.2"
+)
+
+
 def _get(url: str, gz: bool) -> tuple[float, int]:
-    req = urllib.request.Request(url, headers={"Accept-Encoding": "gzip"} if gz else {})
+    """``gz``: as Prometheus asks (OpenMetrics, gzip); else the plain text format."""
+    req = urllib.request.Request(
+        url, headers={"Accept-Encoding": "gzip", "Accept": PROMETHEUS_ACCEPT} if gz else {}
+    )
     t0 = time.perf_counter()
     with urllib.request.urlopen(req, timeout=30) as r:
         body = r.read()
