@@ -59,6 +59,13 @@ def _command(tmp: Path, pid_file: Path, rc_file: Path, then: str) -> str:
     )
 
 
+def _status(rc_file: Path) -> str:
+    try:
+        return rc_file.read_text().strip()
+    except FileNotFoundError:
+        return ""
+
+
 def _gone(pid: int) -> bool:
     try:
         stat = Path(f"/proc/{pid}/stat").read_text()
@@ -150,7 +157,8 @@ def test_sighup_at_any_moment_of_start_up_gives_the_terminal_back(tmp_path: Path
             pid, _ = _start(tmux, tmp_path, moment, keep=True)
             os.kill(pid, signal.SIGHUP)
             assert wait_for(lambda pid=pid: _gone(pid), GONE_WITHIN_S, step=0.01), (moment, _linger(pid))
-            assert wait_for(lambda: (tmp_path / "rc").exists(), 5), moment
+            # The shell's redirection creates the file, then writes the status: wait for the status.
+            assert wait_for(lambda: _status(tmp_path / "rc") != "", 5), moment
             assert (tmp_path / "rc").read_text().strip() == str(128 + signal.SIGHUP), moment
             modes = tmux.display(
                 "#{alternate_on} #{cursor_flag} #{mouse_standard_flag} #{mouse_any_flag} #{mouse_sgr_flag}"
