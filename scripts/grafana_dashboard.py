@@ -286,6 +286,39 @@ def dashboard() -> dict[str, Any]:
             (16, 41, 8, 7),
             unit="short",
         ),
+        panel(
+            "Who holds each GPU: memory per process",
+            [
+                target(
+                    f"anatomy_process_gpu_memory_used_bytes{{{NODE}}}",
+                    "{{instance}} GPU {{gpu}}: {{pid}} {{command}}",
+                )
+            ],
+            (0, 48, 12, 8),
+            unit="bytes",
+            stacked=True,
+            description=(
+                "Every process on the GPUs, training with the hook or not: NVML's memory per process, "
+                "stacked per GPU. Beyond the exporter's --max-processes, the smallest are left out."
+            ),
+        ),
+        panel(
+            "SM and memory-bandwidth use per process",
+            [
+                target(
+                    f"anatomy_process_gpu_sm_utilization_ratio{{{NODE}}}",
+                    "{{instance}} GPU {{gpu}}: {{pid}} {{command}} SM",
+                ),
+                target(
+                    f"anatomy_process_gpu_memory_bandwidth_utilization_ratio{{{NODE}}}",
+                    "{{instance}} GPU {{gpu}}: {{pid}} {{command}} memory",
+                    "B",
+                ),
+            ],
+            (12, 48, 12, 8),
+            unit="percentunit",
+            description="Each GPU process's share of its GPU's SM time and memory bandwidth (NVML).",
+        ),
     ]
     return {
         "title": "anatomy-top: training anatomy",

@@ -28,6 +28,7 @@ from textual.app import App, ComposeResult
 from textual.binding import Binding, BindingType
 from textual.containers import Horizontal, Vertical
 from textual.css.query import NoMatches
+from textual.driver import Driver
 from textual.message import Message
 from textual.timer import Timer
 from textual.widgets import Input
@@ -253,6 +254,11 @@ class AnatomyTopApp(App[int]):
             self._install_signals()
             self._parent_pid = os.getppid()
             self.set_interval(ORPHAN_CHECK_S, self._exit_if_orphaned, name="orphan-check")
+            from tui import startup_signals
+
+            early = startup_signals.pending()  # one that came while Textual started, before our handlers
+            if early is not None:
+                self.exit(return_code=128 + early)
         self._schedule(0.0)
 
     def on_resize(self, event: events.Resize) -> None:
@@ -270,6 +276,11 @@ class AnatomyTopApp(App[int]):
             for source in (self.machine_source, self.anatomy_source):
                 with contextlib.suppress(Exception):
                     source.close()
+
+    def get_driver_class(self) -> type[Driver]:
+        from tui.hangup_driver import hangup_safe
+
+        return hangup_safe(super().get_driver_class())
 
     def _install_signals(self) -> None:
         # SIGTERM (kill, systemd, tmux kill-pane), SIGHUP (the terminal went away) and SIGINT from another
@@ -746,11 +757,17 @@ def run_app(
         starting_pid=starting_pid,
         process_filter=getattr(args, "process_filter", None),
     )
+    from tui import startup_signals
+
+    startup_signals.hand_over(app)  # a signal from now on exits the app instead of raising into Textual
     try:
         app.run()
     except Exception as exc:  # no traceback for users
         if app._driver is None:
             give_back_terminal()
+        early = startup_signals.pending()
+        if early is not None:  # the terminal hung up as Textual started: what failed is drawing on it
+            return 128 + early
         print(f"anatomy-top: {type(exc).__name__}: {exc}", file=sys.stderr)
         return 1
     finally:

@@ -394,9 +394,9 @@ def run_monitor(args: Any, nvml_unavailable: str | None = None, starting_pid: in
 
     first = on_screen.machine(first)  # the start-up frame draws other processes' names too
     process_filter = getattr(args, "process_filter", None)
-    import signal
+    from tui import startup_signals
 
-    previous = _exit_cleanly_on_signals(first_frame.leave)
+    previous = startup_signals.install(first_frame.leave)
     try:
         painted = first_frame.paint(process_filter.apply(first) if process_filter else first, caps, interval)
         try:
@@ -418,35 +418,10 @@ def run_monitor(args: Any, nvml_unavailable: str | None = None, starting_pid: in
             )
             or 0
         )
-    except _Signalled as stop:
+    except startup_signals.Signalled as stop:
         return stop.status
     finally:
-        for sig, handler in previous.items():
-            signal.signal(sig, handler)
-
-
-class _Signalled(Exception):
-    def __init__(self, sig: int) -> None:
-        super().__init__(sig)
-        self.status = 128 + sig
-
-
-def _exit_cleanly_on_signals(give_back: Callable[[], None]) -> dict[int, Any]:
-    """Until Textual takes over the signals (the app's own handlers), SIGTERM/SIGHUP/SIGINT give the
-    terminal back (the start-up frame is on the alternate screen) and end with 128 + the signal."""
-
-    import contextlib
-    import signal
-
-    def handler(sig: int, _frame: object) -> None:
-        give_back()
-        raise _Signalled(sig)
-
-    previous: dict[int, Any] = {}
-    for sig in (signal.SIGTERM, signal.SIGHUP, signal.SIGINT):
-        with contextlib.suppress(ValueError, OSError):  # not the main thread: leave them alone
-            previous[sig] = signal.signal(sig, handler)
-    return previous
+        startup_signals.restore(previous)
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -105,12 +105,14 @@ def test_scrape_holds_what_each_rank_published(
         assert labels["gpu_uuid"] == uuids[rank]
         assert labels["model"] == "LlamaForCausalLM" and labels["optimizer"] == "AdamW"
         assert labels["precision"] == "bf16_mixed" and labels["world_size"] == "2"
-        # pid is on the info series only: it never multiplies the others.
+        # Of a rank's series, pid is on the info series only: it never multiplies the others (the
+        # per-process series of every GPU process are by PID, and name no run or rank).
         assert not any(
             "pid" in dict(lab) or "node_pid" in dict(lab)
             for (name, lab) in series
-            if name != "anatomy_rank_info"
+            if name != "anatomy_rank_info" and not name.startswith("anatomy_process_")
         )
+        assert not any("run_id" in dict(lab) for (name, lab) in series if name.startswith("anatomy_process_"))
 
     for index, uuid in uuids.items():
         gpu = pick(series, "anatomy_gpu_memory_total_bytes", gpu=str(index))

@@ -4,6 +4,7 @@ a clean stop on SIGTERM, and `promtool check metrics` on what it serves."""
 from __future__ import annotations
 
 import argparse
+import gzip
 import os
 import re
 import shutil
@@ -231,6 +232,12 @@ def test_app_routes(runtime: Path, no_nvml: None) -> None:
         base = f"http://127.0.0.1:{server.server_address[1]}"
         status, _, body = _get(base + "/metrics")
         assert status == 200 and "anatomy_exporter_nvml_up 0.0" in body
+        # gzip when asked, as Prometheus asks
+        req = urllib.request.Request(base + "/metrics", headers={"Accept-Encoding": "gzip"})
+        with urllib.request.urlopen(req, timeout=10) as r:
+            assert r.headers["Content-Encoding"] == "gzip"
+            assert r.headers["Content-Type"].startswith("text/plain; version=0.0.4")
+            assert b"anatomy_exporter_nvml_up 0.0" in gzip.decompress(r.read())
         # OpenMetrics on request, as Prometheus asks for it.
         req = urllib.request.Request(
             base + "/metrics", headers={"Accept": "application/openmetrics-text; version=1.0.0"}
@@ -254,21 +261,25 @@ def test_promtool_check_metrics_is_clean(
     make_snapshot: Callable[..., Any],
     sim: Callable[..., Any],
 ) -> None:
-    from prometheus_client import generate_latest
+    from tui.exporter.text_format import generate_latest  # what /metrics and --once write
+    from tui.simnvml.processes import sleepers
 
     pids = [
         ranks(runtime, make_hello(0, rank=r, world_size=2, run_id="lint"), make_snapshot(0)).pid
         for r in range(2)
     ]
-    sim(simnvml.Scenario.demo_box(8, pids=pids))
-    collector = NodeCollector(dirs=[runtime])
-    try:
-        collector.scrape(wait_s=1.0)
-        text = generate_latest(build_registry(collector))
-    finally:
-        collector.close()
+    with sleepers(6, ["python eval.py --x '\"q\"'", *(f"python w.py {i}" for i in range(5))]) as others:
+        sim(simnvml.Scenario.demo_box(8, pids=pids + others))
+        collector = NodeCollector(dirs=[runtime])
+        try:
+            collector.scrape(wait_s=1.0)
+            text = generate_latest(build_registry(collector))
+        finally:
+            collector.close()
     assert b"anatomy_memory_bytes{" in text and b"anatomy_gpu_power_watts{" in text
     assert b'gpu_uuid="GPU-' in text
+    assert text.count(b"\nanatomy_process_gpu_memory_used_bytes{") == 8  # every GPU process
+    assert text.count(b"\nanatomy_process_host_memory_rss_bytes{") == 8
     out = subprocess.run(["promtool", "check", "metrics"], input=text, capture_output=True, timeout=60)
     assert out.returncode == 0, out.stdout + out.stderr
     assert out.stdout.strip() == b"" and out.stderr.strip() == b"", "promtool found something to say"

@@ -36,6 +36,11 @@ class Tmux:
         done = self._run("capture-pane", "-p", *flags, "-t", self.session, check=False)
         return done.stdout if done.returncode == 0 else ""
 
+    def display(self, fmt: str) -> str:
+        """A tmux format expanded for the pane (``#{alternate_on}``...); "" when the server is gone."""
+        done = self._run("display-message", "-p", "-t", self.session, fmt, check=False)
+        return done.stdout.strip() if done.returncode == 0 else ""
+
     def alive(self) -> bool:
         return self._run("has-session", "-t", self.session, check=False).returncode == 0
 

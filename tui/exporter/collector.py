@@ -4,7 +4,9 @@ metric families from what it just read.
 Nothing is kept from one scrape to the next but the connections and what never changes: one
 ``AnatomySource`` per trusted runtime directory (its readers stay connected, so a scrape drains what each
 hook pushed and takes the latest snapshot, as the monitor does), one ``NvmlSource`` (device handles and
-the identity fields: name, UUID, bus id; every other field is read again on every scrape). Each process is
+the identity fields: name, UUID, bus id; slow fields — temperature, fan, power limit, ECC — at most every
+``SLOW_TTL_S``; memory, utilization, power and processes at every scrape; nvidia-smi's other fields,
+which are not exported, never), and each GPU process's command while NVML lists it. Each process is
 numbered by the kernel's PID for its socket's server (SO_PEERCRED), so a hook in a container is joined
 with NVML's node PID. A process that exits drops out of the next scrape: its series end. Scrapes are
 serialised (NVML and the sources are read by one thread at a time), and a failure of either side is a
@@ -17,16 +19,19 @@ import socket
 import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from prometheus_client.core import Metric
 
 from tui.exporter import discovery
 from tui.exporter.families import Rank, Scrape, families, gpu_of
+from tui.exporter.gpu_processes import MAX_PROCESSES, NodeProcesses
 from tui.exporter.identity import assign_keys, label_value, parent_pid
+from tui.exporter.read_ahead import ReadAhead
 from tui.sources.anatomy_source import ERROR, LIVE, AnatomySource, TrainingProcess
 from tui.sources.model import NvmlStatus
-from tui.sources.nvml import NvmlReading, NvmlSource
+from tui.sources.nvml import VIEW_ONLY_FIELDS, NvmlReading, NvmlSource
 
 # How long one scrape waits, in all, for hooks that just connected to send their hello and snapshot.
 FIRST_WAIT_S = 0.05
@@ -34,6 +39,10 @@ FIRST_WAIT_S = 0.05
 
 class NodeCollector:
     """A prometheus_client collector (``collect()``) for one node. ``close()`` ends NVML and the readers."""
+
+    # Slow fields (temperature, fan, power limit, ECC, MIG mode) are read at most this often; fast ones
+    # (memory, utilization, power, processes) at every scrape. dcgm-exporter collects every 30 s.
+    SLOW_TTL_S = 30.0
 
     def __init__(
         self,
@@ -45,11 +54,30 @@ class NodeCollector:
         first_wait_s: float = FIRST_WAIT_S,
         warn: Callable[[str], None] | None = None,
         ppid: Callable[[int], int | None] = parent_pid,
+        max_processes: int = MAX_PROCESSES,
+        clock: Callable[[], float] = time.monotonic,
+        read_ahead: bool = True,
     ) -> None:
+        """``clock``: the monotonic time NVML's slow tier is aged by (tests move it). ``read_ahead``:
+        read NVML just before each scrape when scrapes come at a steady interval (``read_ahead``)."""
         self._dirs = list(dirs)
         self._hostname = hostname
-        # slow_ttl 0: temperature, ECC, limits are read on every scrape like the rest.
-        self._nvml = nvml if nvml is not None else NvmlSource(slow_ttl=0.0, fast_ttl=0.0)
+        # Only what is exported is asked for, the GPUs side by side (a scrape waits for one GPU's calls).
+        self._nvml = (
+            nvml
+            if nvml is not None
+            else NvmlSource(
+                slow_ttl=self.SLOW_TTL_S,
+                fast_ttl=0.0,
+                omit=(*VIEW_ONLY_FIELDS, "nvml_version"),
+                parallel=True,
+                clock=clock,
+            )
+        )
+        self._node_processes = NodeProcesses(max_processes)
+        self._poller = ThreadPoolExecutor(max_workers=1, thread_name_prefix="hooks")
+        # When Prometheus scrapes at a steady interval, NVML is read just before each scrape.
+        self._ahead = ReadAhead(self._nvml.query) if read_ahead else None
         self._euid = euid
         self._first_wait_s = first_wait_s
         self._warn = warn
@@ -72,13 +100,21 @@ class NodeCollector:
         with self._lock:
             start = time.perf_counter()
             hostname = self._hostname or label_value(socket.gethostname())
+            nvml_age = 0.0
             if self._closed:
                 reading = NvmlReading(NvmlStatus(available=False, reason="exporter closed"))
                 processes: list[tuple[TrainingProcess, int]] = []
                 rejected = 0
             else:
-                reading = self._nvml.query()
-                processes, rejected = self._poll(self._first_wait_s if wait_s is None else wait_s)
+                # The hooks are read on a helper thread while NVML is: NVML's calls wait in the driver
+                # (the GIL released), the hooks' reads are Python; a scrape takes the longer, not the sum.
+                began = time.monotonic()
+                ahead = self._ahead.take() if self._ahead is not None else None
+                polled = self._poller.submit(self._poll, self._first_wait_s if wait_s is None else wait_s)
+                reading, nvml_age = ahead if ahead is not None else (self._nvml.query(), 0.0)
+                processes, rejected = polled.result()
+                if self._ahead is not None:
+                    self._ahead.scraped(began)
             counts: dict[str, int] = {}
             for proc, _ in processes:
                 counts[proc.state] = counts.get(proc.state, 0) + 1
@@ -87,6 +123,7 @@ class NodeCollector:
             node_pids = [p.pid for p in live]
             keys = assign_keys([p.hello for p in live if p.hello is not None], self._ppid, node_pids)
             ranks = []
+            node_processes, dropped = self._node_processes.read(reading.processes)
             for key, proc, node_pid in zip(keys, live, node_pids, strict=True):
                 gpu, nvml_bytes = gpu_of(node_pid, reading.gpus, reading.processes)
                 ranks.append(Rank(key, proc, gpu=gpu, nvml_bytes=nvml_bytes, node_pid=node_pid))
@@ -98,8 +135,11 @@ class NodeCollector:
                 ranks=sorted(ranks, key=lambda r: (r.key.run_id, _rank_order(r.key.rank))),
                 publishers=counts,
                 nvml_calls=reading.calls,
+                nvml_age_s=nvml_age,
                 duration_s=time.perf_counter() - start,
                 rejected_dirs=rejected,
+                processes=node_processes,
+                processes_dropped=dropped,
             )
             self.last = scrape
             return scrape
@@ -129,10 +169,13 @@ class NodeCollector:
     def close(self) -> None:
         with self._lock:
             self._closed = True
+            if self._ahead is not None:
+                self._ahead.close()
             for source, _ in self._sources.values():
                 source.close()
             self._sources.clear()
             self._nvml.close()
+            self._poller.shutdown(wait=False)
 
 
 def _rank_order(rank: str) -> tuple[int, str]:

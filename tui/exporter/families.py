@@ -21,11 +21,15 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 
 from anatomy.vocabulary import Component, OpGroup
 from tui import __version__
+from tui.exporter.gpu_processes import NodeProcess
 from tui.exporter.identity import ProcessKey, label_value
 from tui.sources.anatomy_source import TrainingProcess
 from tui.sources.model import GpuInfo, GpuProcess, NvmlStatus
 
 GPU_LABELS = ("gpu", "UUID", "pci_bus_id", "device", "model_name", "hostname")
+# Every GPU process, per GPU it uses: bounded labels (the command is cleaned and capped).
+PROCESS_LABELS = ("gpu", "UUID", "hostname", "pid", "command")
+HOST_PROCESS_LABELS = ("hostname", "pid", "command")
 RANK_LABELS = ("run_id", "rank")
 INFO_LABELS = (
     *RANK_LABELS,
@@ -67,8 +71,11 @@ class Scrape:
     ranks: Sequence[Rank] = ()
     publishers: dict[str, int] = field(default_factory=dict)  # state -> count, every state of the sources
     nvml_calls: int = 0
+    nvml_age_s: float = 0.0  # how old NVML's figures were at the scrape (read ahead of it, or 0)
     duration_s: float = 0.0
     rejected_dirs: int = 0
+    processes: Sequence[NodeProcess] = ()  # every GPU process up to the cap, most GPU memory first
+    processes_dropped: int = 0  # GPU processes beyond the cap
 
 
 def gpu_of(
@@ -170,6 +177,45 @@ def _gpu_families(out: _Families, scrape: Scrape) -> None:
         _put(fan, labels, _ratio(gpu.fan_percent))
         _put(ecc, labels, gpu.ecc_volatile_uncorrected)
         procs.add_metric(list(labels), float(counts.get(gpu.index, 0)))
+
+
+def _process_families(out: _Families, scrape: Scrape) -> None:
+    memory = out.gauge(
+        "anatomy_process_gpu_memory_used_bytes",
+        "GPU memory a process holds on this GPU (NVML), for every GPU process.",
+        PROCESS_LABELS,
+    )
+    sm = out.gauge(
+        "anatomy_process_gpu_sm_utilization_ratio",
+        "Share of the GPU's SM time the process used in its latest sample (0-1; NVML).",
+        PROCESS_LABELS,
+    )
+    bandwidth = out.gauge(
+        "anatomy_process_gpu_memory_bandwidth_utilization_ratio",
+        "Share of the time the process read or wrote GPU memory in its latest sample (0-1; NVML).",
+        PROCESS_LABELS,
+    )
+    rss = out.gauge(
+        "anatomy_process_host_memory_rss_bytes",
+        "Resident host memory of a GPU process.",
+        HOST_PROCESS_LABELS,
+    )
+    uuids = {g.index: label_value(g.uuid) for g in scrape.gpus}
+    for proc in scrape.processes:
+        pid, command = str(proc.pid), proc.command
+        _put(rss, (scrape.hostname, pid, command), proc.rss_bytes)
+        # One series per GPU: MIG instances of one GPU (several entries) add up; their utilization is
+        # not sampled (None).
+        per_gpu: dict[int, list[GpuProcess]] = {}
+        for entry in proc.entries:
+            per_gpu.setdefault(entry.gpu_index, []).append(entry)
+        for index, entries in sorted(per_gpu.items()):
+            labels = (str(index), uuids.get(index, ""), scrape.hostname, pid, command)
+            used = [e.gpu_memory for e in entries if e.gpu_memory is not None]
+            _put(memory, labels, sum(used) if used else None)
+            if len(entries) == 1:
+                _put(sm, labels, _ratio(entries[0].sm_util))
+                _put(bandwidth, labels, _ratio(entries[0].memory_bw_util))
 
 
 def _info_labels(rank: Rank) -> tuple[str, ...]:
@@ -326,9 +372,14 @@ def _exporter_families(out: _Families, scrape: Scrape) -> None:
     out.gauge("anatomy_exporter_nvml_up", "1 if NVML answered this scrape.", ()).add_metric(
         [], 1.0 if status.available else 0.0
     )
-    out.gauge("anatomy_exporter_nvml_calls", "NVML calls this scrape made.", ()).add_metric(
-        [], float(scrape.nvml_calls)
-    )
+    out.gauge(
+        "anatomy_exporter_nvml_calls", "NVML calls made for this scrape (at it, or just before it).", ()
+    ).add_metric([], float(scrape.nvml_calls))
+    out.gauge(
+        "anatomy_exporter_nvml_age_seconds",
+        "How old NVML's figures were at this scrape: read just before it when scrapes are steady, else 0.",
+        (),
+    ).add_metric([], scrape.nvml_age_s)
     out.gauge(
         "anatomy_exporter_collect_duration_seconds", "Time this scrape spent reading NVML and the hooks.", ()
     ).add_metric([], scrape.duration_s)
@@ -340,6 +391,11 @@ def _exporter_families(out: _Families, scrape: Scrape) -> None:
     for state, count in sorted(scrape.publishers.items()):
         pubs.add_metric([state], float(count))
     out.gauge(
+        "anatomy_exporter_processes_dropped",
+        "GPU processes without per-process series this scrape: beyond --max-processes.",
+        (),
+    ).add_metric([], float(scrape.processes_dropped))
+    out.gauge(
         "anatomy_exporter_rejected_dirs",
         "Runtime directories not read: wrong owner, writable by others, or a link.",
         (),
@@ -349,6 +405,7 @@ def _exporter_families(out: _Families, scrape: Scrape) -> None:
 def families(scrape: Scrape) -> list[Metric]:
     out = _Families()
     _gpu_families(out, scrape)
+    _process_families(out, scrape)
     _rank_families(out, scrape.ranks)
     _exporter_families(out, scrape)
     return out.emitted()

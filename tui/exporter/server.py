@@ -22,6 +22,8 @@ from types import FrameType
 from typing import Any
 from wsgiref.simple_server import WSGIRequestHandler, WSGIServer
 
+from tui.exporter.gpu_processes import MAX_PROCESSES
+
 PROG = "anatomy-top exporter"
 DEFAULT_HOST = "127.0.0.1"
 DEFAULT_PORT = 9443
@@ -93,6 +95,16 @@ def beyond_loopback(host: str) -> bool:
     return any(not ipaddress.ip_address(str(info[4][0]).split("%")[0]).is_loopback for info in infos)
 
 
+def _non_negative(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a whole number: {text!r}") from None
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"must be 0 or more: {value}")
+    return value
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog=PROG,
@@ -119,6 +131,13 @@ def build_parser() -> argparse.ArgumentParser:
         default=None,
         help="the hostname label of GPU series (default: this host's name; dcgm-exporter's, to join)",
     )
+    p.add_argument(
+        "--max-processes",
+        type=_non_negative,
+        default=MAX_PROCESSES,
+        metavar="N",
+        help=f"per-process series for at most N GPU processes, the largest first (default {MAX_PROCESSES})",
+    )
     p.add_argument("--once", action="store_true", help="print one scrape (text format) and exit")
     p.add_argument(
         "--demo",
@@ -134,15 +153,45 @@ class _QuietHandler(WSGIRequestHandler):
 
 
 def make_app(registry: Any) -> Callable[..., Any]:
-    """/metrics: the registry (content negotiation and gzip by prometheus_client); /: a pointer; else 404."""
-    from prometheus_client import make_wsgi_app
+    """/metrics: the registry (content negotiation by prometheus_client; the text format and OpenMetrics
+    written by ``text_format``, byte for byte what prometheus_client writes, gzip when asked); /: a
+    pointer; else 404."""
+    import functools
+    import gzip
+
+    from prometheus_client import exposition, make_wsgi_app
+    from prometheus_client.openmetrics import exposition as openmetrics
+
+    from tui.exporter import text_format
 
     metrics = make_wsgi_app(registry)
+
+    def plain_text(environ: dict[str, Any], start_response: Callable[..., Any]) -> list[bytes] | None:
+        if environ.get("REQUEST_METHOD") != "GET" or environ.get("QUERY_STRING"):
+            return None
+        encoder, content_type = exposition.choose_encoder(environ.get("HTTP_ACCEPT") or "")
+        if encoder is exposition.generate_latest:  # the text format
+            output = text_format.generate_latest(registry)
+        elif isinstance(encoder, functools.partial) and encoder.func is openmetrics.generate_latest:
+            output = text_format.generate_latest_openmetrics(
+                registry, **encoder.keywords
+            )  # as Prometheus asks
+        else:  # the text format with an escaping scheme asked for: prometheus_client's own
+            return None
+        headers = [("Content-Type", content_type)]
+        if exposition.gzip_accepted(environ.get("HTTP_ACCEPT_ENCODING") or ""):
+            # Level 1: a third of level 9's time (prometheus_client's) for a body ~40 % larger, still
+            # a tenth of the plain text.
+            output = gzip.compress(output, compresslevel=1)
+            headers.append(("Content-Encoding", "gzip"))
+        start_response("200 OK", headers)
+        return [output]
 
     def app(environ: dict[str, Any], start_response: Callable[..., Any]) -> list[bytes]:
         path = environ.get("PATH_INFO", "")
         if path == METRICS_PATH:
-            return list(metrics(environ, start_response))
+            fast = plain_text(environ, start_response)
+            return fast if fast is not None else list(metrics(environ, start_response))
         if path in ("", "/"):
             body = f"anatomy-top exporter: metrics at {METRICS_PATH}\n".encode()
             status = "200 OK"
@@ -204,7 +253,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     if nvml_unavailable:
         _stderr(nvml_unavailable)
     hostname = label_value(args.hostname) if args.hostname else None
-    collector = NodeCollector(dirs=[Path(d).expanduser() for d in args.dir], hostname=hostname, warn=_stderr)
+    collector = NodeCollector(
+        dirs=[Path(d).expanduser() for d in args.dir],
+        hostname=hostname,
+        warn=_stderr,
+        max_processes=args.max_processes,
+    )
     try:
         registry = build_registry(collector)
         if args.once:
@@ -217,7 +271,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 def _print_once(collector: Any, registry: Any) -> int:
-    from prometheus_client import generate_latest
+    from tui.exporter.text_format import generate_latest
 
     collector.scrape(wait_s=ONCE_WAIT_S)  # connect and wait for first snapshots; the print reads again
     try:

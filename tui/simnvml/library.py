@@ -8,6 +8,7 @@ simulated driver lacks raises AttributeError on lookup, as ``CDLL.__getattr__`` 
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import math
 import threading
@@ -99,6 +100,23 @@ def _at(struct: type[Any], addr: int | None) -> Any:
     return struct.from_address(addr) if addr else None
 
 
+_PR_SET_TIMERSLACK = 29
+_precise = threading.local()
+
+
+def _wait(seconds: float) -> None:
+    """Sleep ``seconds``, the GIL released, as a thread waits in a real call's ioctl. A thread's sleeps
+    overshoot by its timer slack (50 µs by default), so each thread that calls the library with a latency
+    set sleeps with a 1 µs slack (Linux; elsewhere as it is). Wake-up latency still adds (a 50 µs call
+    takes 60-90 µs on a busy machine): a spin would be exact on an idle machine but is preempted for
+    whole time slices on a busy one."""
+    if not getattr(_precise, "done", False):
+        _precise.done = True
+        with contextlib.suppress(Exception):  # not Linux, no libc: the default slack
+            ctypes.CDLL(None).prctl(_PR_SET_TIMERSLACK, 1000, 0, 0, 0)
+    time.sleep(seconds)
+
+
 class SimulatedNvml:
     """A simulated libnvidia-ml for one :class:`Scenario`.
 
@@ -136,6 +154,7 @@ class SimulatedNvml:
                 self._mig_handles[(i, j)] = self._new_handle(_Device(i, gpu, j, mig))
         self._error_strings: dict[int, ctypes.Array[ctypes.c_char]] = {}
         self._energy: dict[int, tuple[float, float]] = {}
+        self._latency_s = scenario.call_latency_us / 1e6
         self._functions: dict[str, Any] = {
             name: self._make_function(spec) for name, spec in _SYMBOLS.items() if name not in self._absent
         }
@@ -199,6 +218,8 @@ class SimulatedNvml:
         def call(*args: Any) -> Any:
             with self._lock:
                 self.calls[name] += 1
+            if self._latency_s:
+                _wait(self._latency_s)
             try:
                 if spec.needs_init and self._init_count == 0:
                     return Return.UNINITIALIZED

@@ -212,6 +212,10 @@ class Scenario:
     cuda_driver_version: int = 12040  # 1000 * major + 10 * minor
     nvml_version: str = "12.550.54.15"
     name: str = "custom"
+    # Wall time each NVML call takes (µs), spent outside the simulator's lock with the GIL released, as
+    # a real call waits in the driver's ioctl: a simulated call costs ~10 µs of Python, a real one tens
+    # of µs. Benchmarks set it to compare programs at a realistic cost per call.
+    call_latency_us: float = 0.0
 
     def __post_init__(self) -> None:
         self.validate()
@@ -332,6 +336,8 @@ class Scenario:
                 raise ScenarioError(f"process {k} (pid {proc.pid}): type must be one of {PROCESS_TYPES}")
             if proc.pid <= 0 or proc.pid > 0xFFFFFFFF:
                 raise ScenarioError(f"process {k}: pid {proc.pid} out of range")
+        if not 0 <= self.call_latency_us <= 1_000_000:
+            raise ScenarioError("call_latency_us must be between 0 and 1,000,000")
         faults = self.faults
         if faults.init_error is not None and faults.init_error not in Return.__members__:
             raise ScenarioError(f"faults.init_error: unknown NVML error {faults.init_error!r}")

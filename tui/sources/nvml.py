@@ -41,6 +41,9 @@ _COMPUTE_MODES = {0: "Default", 1: "Exclusive_Thread", 2: "Prohibited", 3: "Excl
 
 # Fields a caller may leave unasked (``NvmlSource(omit=...)``): what the text report never prints.
 OMITTABLE_FIELDS = ("uuid", "nvml_version", "process_utilization")
+# Slow fields that only nvidia-smi's view shows, which the exporter does not export: it leaves them
+# unasked (None), one NVML call per GPU and slow refresh each.
+VIEW_ONLY_FIELDS = ("persistence_mode", "display_active", "performance_state", "compute_mode")
 # Per-process utilization is read as the samples of the last PROCESS_SAMPLE_WINDOW_S (lastSeenTimeStamp
 # = now - window, in the driver's CPU time): a refresh faster than the driver's sampling period still
 # finds each busy process's last sample, and a process that went idle reads 0 % after the window.
@@ -189,8 +192,11 @@ class NvmlSource:
     ``init_retry_s`` how long to wait before trying a failed ``nvmlInit`` again. ``wall_clock``: the
     time NVML stamps samples with (seconds since the epoch). ``omit``: names of
     optional fields never asked for (left None), so a one-shot report makes only the calls it prints;
-    each one of ``OMITTABLE_FIELDS``. ``unavailable_reason``: NVML is known to be unusable before the
-    first call (a simulated library that could not be installed): every reading says so.
+    each one of ``OMITTABLE_FIELDS`` or ``VIEW_ONLY_FIELDS``. ``parallel``: read the GPUs side by side,
+    one thread each (a real NVML call waits in the driver with the GIL released, so a node's GPUs cost
+    the time of one instead of the sum: the exporter, which reads at the scrape).
+    ``unavailable_reason``: NVML is known to be unusable before the first call (a simulated library
+    that could not be installed): every reading says so.
 
     The simulated library (``ANATOMY_TOP_SIMULATE``) is installed once at start-up by the command line
     (``tui.cli``), never from here: this class reads whatever NVML pynvml finds.
@@ -206,10 +212,13 @@ class NvmlSource:
         omit: Collection[str] = (),
         unavailable_reason: str | None = None,
         wall_clock: Callable[[], float] = time.time,
+        parallel: bool = False,
     ) -> None:
-        unknown = set(omit) - set(OMITTABLE_FIELDS)
+        unknown = set(omit) - set(OMITTABLE_FIELDS) - set(VIEW_ONLY_FIELDS)
         if unknown:
-            raise ValueError(f"cannot omit {sorted(unknown)}; omittable: {OMITTABLE_FIELDS}")
+            raise ValueError(
+                f"cannot omit {sorted(unknown)}; omittable: {OMITTABLE_FIELDS + VIEW_ONLY_FIELDS}"
+            )
         self.omit = frozenset(omit)
         self.unavailable_reason = unavailable_reason
         self.slow_ttl = slow_ttl
@@ -225,6 +234,9 @@ class NvmlSource:
         self._devices: list[_Device] = []
         self._missing: set[str] = set()  # symbols the driver lacks, never asked for again
         self._calls = 0
+        self._calls_lock = threading.Lock()  # GPUs read in parallel count their calls here
+        self._parallel = parallel
+        self._pool: Any = None  # a ThreadPoolExecutor, made at the first parallel read
         self._nvml: Any = None  # the pynvml module once imported
 
     # ----------------------------------------------------------------- public API
@@ -263,6 +275,9 @@ class NvmlSource:
             self._initialized = False
             self._devices = []
             self._status = NvmlStatus(available=False, reason=CLOSED_REASON)
+            if self._pool is not None:
+                self._pool.shutdown(wait=True)
+                self._pool = None
 
     def __enter__(self) -> NvmlSource:
         return self
@@ -277,11 +292,29 @@ class NvmlSource:
         now = self._clock()
         gpus: list[GpuInfo] = []
         processes: list[GpuProcess] = []
-        for dev in self._devices:
-            info, procs = self._read_device(dev, now)
+        for info, procs in self._read_devices(now):
             gpus.append(info)
             processes.extend(procs)
         return NvmlReading(self._status, tuple(gpus), tuple(processes), self._calls - before)
+
+    def _read_devices(self, now: float) -> list[tuple[GpuInfo, tuple[GpuProcess, ...]]]:
+        if not self._parallel or len(self._devices) < 2:
+            return [self._read_device(dev, now) for dev in self._devices]
+        if self._pool is None:
+            from concurrent.futures import ThreadPoolExecutor
+
+            self._pool = ThreadPoolExecutor(
+                max_workers=min(len(self._devices), 16), thread_name_prefix="nvml"
+            )
+        # Each device's state is its own; what they share (the call count, the missing symbols) is
+        # counted under a lock or a single set.add. The calling thread reads the first GPU itself.
+        first, *rest = self._devices
+        futures = [self._pool.submit(self._read_device, dev, now) for dev in rest]
+        return [self._read_device(first, now), *(f.result() for f in futures)]
+
+    def _count_call(self) -> None:
+        with self._calls_lock:
+            self._calls += 1
 
     def _try_init(self) -> bool:
         now = self._clock()
@@ -339,12 +372,12 @@ class NvmlSource:
 
     def _init_library(self) -> None:
         pynvml = self._nvml
-        self._calls += 1
+        self._count_call()
         try:
             pynvml.nvmlInit()  # nvmlInitWithFlags(0)
         except pynvml.NVMLError_FunctionNotFound:
             self._missing.add("nvmlInitWithFlags")
-            self._calls += 1
+            self._count_call()
             self._raw("nvmlInit_v2")
 
     def _device_count(self) -> int:
@@ -402,7 +435,7 @@ class NvmlSource:
         for symbol, call in alternatives:
             if symbol in self._missing:
                 continue
-            self._calls += 1
+            self._count_call()
             try:
                 return call()
             except pynvml.NVMLError_FunctionNotFound:
@@ -473,8 +506,18 @@ class NvmlSource:
     def _read_slow(self, h: Any) -> dict[str, Any]:
         pynvml = self._nvml
         get = self._get
-        persistence = get(("nvmlDeviceGetPersistenceMode", lambda: pynvml.nvmlDeviceGetPersistenceMode(h)))
-        display = get(("nvmlDeviceGetDisplayActive", lambda: pynvml.nvmlDeviceGetDisplayActive(h)))
+        omit = self.omit
+
+        def unless_omitted(field: str, *alternatives: tuple[str, Callable[[], Any]]) -> Any:
+            return None if field in omit else get(*alternatives)
+
+        persistence = unless_omitted(
+            "persistence_mode",
+            ("nvmlDeviceGetPersistenceMode", lambda: pynvml.nvmlDeviceGetPersistenceMode(h)),
+        )
+        display = unless_omitted(
+            "display_active", ("nvmlDeviceGetDisplayActive", lambda: pynvml.nvmlDeviceGetDisplayActive(h))
+        )
         ecc = get(
             (
                 "nvmlDeviceGetTotalEccErrors",
@@ -494,7 +537,8 @@ class NvmlSource:
                 lambda: pynvml.nvmlDeviceGetTemperature(h, pynvml.NVML_TEMPERATURE_GPU),
             ),
         )
-        pstate = get(
+        pstate = unless_omitted(
+            "performance_state",
             ("nvmlDeviceGetPerformanceState", lambda: pynvml.nvmlDeviceGetPerformanceState(h)),
             ("nvmlDeviceGetPowerState", lambda: pynvml.nvmlDeviceGetPowerState(h)),
         )
@@ -502,7 +546,9 @@ class NvmlSource:
             ("nvmlDeviceGetPowerManagementLimit", lambda: pynvml.nvmlDeviceGetPowerManagementLimit(h)),
             ("nvmlDeviceGetEnforcedPowerLimit", lambda: pynvml.nvmlDeviceGetEnforcedPowerLimit(h)),
         )
-        compute = get(("nvmlDeviceGetComputeMode", lambda: pynvml.nvmlDeviceGetComputeMode(h)))
+        compute = unless_omitted(
+            "compute_mode", ("nvmlDeviceGetComputeMode", lambda: pynvml.nvmlDeviceGetComputeMode(h))
+        )
         mig = get(("nvmlDeviceGetMigMode", lambda: pynvml.nvmlDeviceGetMigMode(h)))
         return {
             "persistence_mode": None if persistence is None else bool(persistence),
@@ -604,7 +650,7 @@ class NvmlSource:
         capacity = dev.util_capacity * 2 + 8
         for attempt in range(4):
             if attempt:
-                self._calls += 1
+                self._count_call()
             buffer = (struct * capacity)()
             count = ctypes.c_uint(capacity)
             ret = fn(dev.handle, buffer, ctypes.byref(count), since)
@@ -643,7 +689,7 @@ class NvmlSource:
         capacity = dev.proc_capacity.get(symbol, 0) * 2 + 8
         for attempt in range(4):
             if attempt:
-                self._calls += 1
+                self._count_call()
             buffer = (struct * capacity)()
             count = ctypes.c_uint(capacity)
             ret = fn(dev.handle, ctypes.byref(count), buffer)
@@ -668,6 +714,7 @@ __all__ = [
     "CLOSED_REASON",
     "LIBRARY_MISSING_REASON",
     "OMITTABLE_FIELDS",
+    "VIEW_ONLY_FIELDS",
     "NvmlReading",
     "NvmlSource",
     "format_cuda_version",
