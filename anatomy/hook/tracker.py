@@ -818,8 +818,9 @@ class Tracker:
         wrapper calls the user's closure once per call, returns what it returns and lets its exceptions
         through unchanged."""
         wrapped = None
-        with self._guard(Feature.OPTIMIZER):
-            wrapped = _wrap_closure(self, args, kwargs)
+        if kwargs or len(args) > 1:  # (a plain ``step()`` gets only the optimizer: nothing to look at)
+            with self._guard(Feature.OPTIMIZER):
+                wrapped = _wrap_closure(self, args, kwargs)
         if wrapped is None:
             self.optimizer_begin()
         return wrapped

@@ -237,3 +237,24 @@ def test_hugging_face_callback_is_refused_before_training(tmp_path: Path) -> Non
     assert module.losses == []  # not a single training step ran
     assert "Hugging Face" in str(info.value)
     assert info.value.__context__ is None  # one error, not one raised while handling another
+
+
+def test_imports_stay_light() -> None:
+    """``import anatomy`` loads neither torch nor Lightning; ``anatomy.lightning`` loads Lightning only
+    when its callback is first used."""
+    import subprocess
+    import sys
+
+    code = (
+        "import sys, anatomy\n"
+        "a = [m for m in ('torch', 'lightning', 'pytorch_lightning') if m in sys.modules]\n"
+        "import anatomy.lightning\n"
+        "b = [m for m in ('lightning', 'pytorch_lightning') if m in sys.modules]\n"
+        "cls = anatomy.lightning.AnatomyCallback\n"
+        "import lightning.pytorch as pl\n"
+        "print(a, b, issubclass(cls, pl.Callback))\n"
+    )
+    root = Path(__file__).resolve().parents[2]
+    out = subprocess.run([sys.executable, "-c", code], cwd=root, capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.split("\n")[0] == "[] [] True"
