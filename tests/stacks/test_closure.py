@@ -4,6 +4,7 @@ read after this step's backward; the user's closure called exactly as often as w
 
 from __future__ import annotations
 
+import statistics
 from types import SimpleNamespace
 from typing import Any
 
@@ -15,7 +16,7 @@ from anatomy.hook.schedule import WARMUP_REFRESH_STEPS
 from anatomy.vocabulary import Component
 
 STEPS = 8
-WIDTH = 384
+WIDTH = 768
 
 
 def _train(st: SimpleNamespace, make_opt: Any, hook: bool) -> tuple[list[float], int, Any]:
@@ -71,10 +72,14 @@ def test_closure_steps(st: SimpleNamespace, published: list[Any], make_opt: Any)
         assert snap.memory[Component.ACTIVATIONS.value]
     # steady-state steps: the first ones re-sum every tensor and read the heap, and step 1 runs the
     # op-group profiler — the hook's own work, outside the phases by design
+    ratios = []
     for snap in published[WARMUP_REFRESH_STEPS:]:
         t = snap.timing
         assert t.step_s and t.forward_s and t.backward_s and t.optimizer_s
-        assert st.phases_sum(snap) == pytest.approx(t.step_s, rel=0.05)
+        assert st.phases_sum(snap) <= t.step_s * (1 + 1e-9)  # each phase once, none counted twice
+        ratios.append(st.phases_sum(snap) / t.step_s)
+    # the phases cover the step (the median: on a shared machine a step can be preempted between phases)
+    assert statistics.median(ratios) == pytest.approx(1.0, abs=0.05)
 
 
 def test_closure_exception_propagates_unchanged(st: SimpleNamespace, published: list[Any]) -> None:
