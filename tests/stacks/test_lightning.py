@@ -6,6 +6,7 @@ gradient and optimizer-state sums), and the losses with those of the same fit wi
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
@@ -258,3 +259,46 @@ def test_imports_stay_light() -> None:
     out = subprocess.run([sys.executable, "-c", code], cwd=root, capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr
     assert out.stdout.split("\n")[0] == "[] [] True"
+
+
+def test_pytorch_lightning_package(tmp_path: Path) -> None:
+    """The same callback with the ``pytorch_lightning`` package (in a fresh interpreter, where only that
+    Lightning is imported): an instance of its ``Callback``, one step per update, the process's counts."""
+    import subprocess
+    import sys
+
+    code = """
+import torch, pytorch_lightning as ptl
+from anatomy.hook.publishing import Channel
+from anatomy.lightning import AnatomyCallback
+seen = []
+publish = Channel.publish
+Channel.publish = lambda self, snap, hello: (seen.append(snap), publish(self, snap, hello))[1]
+updates = []
+class M(ptl.LightningModule):
+    def __init__(self):
+        super().__init__()
+        self.net = torch.nn.Linear(4, 1)
+    def training_step(self, batch, i):
+        return self.net(batch[0]).pow(2).mean()
+    def configure_optimizers(self):
+        opt = torch.optim.SGD(self.parameters(), lr=0.1, momentum=0.9)
+        opt.register_step_post_hook(lambda *a: updates.append(
+            sum(s["momentum_buffer"].numel() * 4 for s in opt.state.values())))
+        return opt
+data = torch.utils.data.DataLoader(torch.utils.data.TensorDataset(torch.randn(48, 4)), batch_size=8)
+cb = AnatomyCallback()
+trainer = ptl.Trainer(max_epochs=1, accelerator="cpu", enable_progress_bar=False, logger=False,
+                      enable_checkpointing=False, enable_model_summary=False, accumulate_grad_batches=2,
+                      callbacks=cb)
+trainer.fit(M(), data)
+print(isinstance(cb, ptl.Callback), len(updates), [(s.step, s.grad_accum_steps) for s in seen],
+      seen[-1].memory["optimizer_states"] == updates[-1] > 0)
+"""
+    root = Path(__file__).resolve().parents[2]
+    env = {**os.environ, "ANATOMY_TOP_DIR": str(tmp_path / "rt"), "PYTHONPATH": str(root)}
+    out = subprocess.run(
+        [sys.executable, "-c", code], cwd=root, env=env, capture_output=True, text=True, timeout=180
+    )
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert out.stdout.strip().splitlines()[-1] == "True 3 [(0, 2), (1, 2), (2, 2)] True"
