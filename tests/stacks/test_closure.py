@@ -27,7 +27,7 @@ def _train(st: SimpleNamespace, make_opt: Any, hook: bool) -> tuple[list[float],
     optimizer = make_opt(model.parameters())
     truth = st.Truth(model, [optimizer])
     tracker = anatomy.track(model, optimizer) if hook else None
-    data = st.batches(STEPS, batch=64, width=WIDTH)
+    data = st.batches(STEPS, batch=256, width=WIDTH)
     losses: list[float] = []
     calls = 0
     for x, y in data:
