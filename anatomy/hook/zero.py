@@ -205,15 +205,18 @@ class _StepHandle:
 
 
 def hook_step(
-    zero: Any, pre: Callable[[Any, Any, Any], None], post: Callable[[Any, Any, Any], None]
+    zero: Any, pre: Callable[[Any, Any, Any], Any], post: Callable[[Any, Any, Any], None]
 ) -> list[_StepHandle]:
     """Call ``pre``/``post`` (the tracker's optimizer hooks, which never raise) around the ZeRO optimizer's
-    ``step``; its own result and exceptions pass through unchanged."""
+    ``step``, as torch calls a step pre-hook: new ``(args, kwargs)`` from ``pre`` (a wrapped closure) are
+    used; its own result and exceptions pass through unchanged."""
     previous = zero.__dict__.get(_STEP)  # someone's instance-level wrapper, if any
     original = zero.step  # the bound method, or that wrapper
 
     def step(*args: Any, **kwargs: Any) -> Any:
-        pre(zero, args, kwargs)
+        new = pre(zero, args, kwargs)
+        if new is not None:
+            args, kwargs = new
         out = original(*args, **kwargs)
         post(zero, args, kwargs)
         return out
