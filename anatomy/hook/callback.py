@@ -195,3 +195,51 @@ class AnatomyCallback(TrainerCallback):
     def on_train_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
         if self.tracker is not None:
             self._guard("on_train_end", self.tracker.close)
+
+    def __getattr__(self, name: str) -> Any:
+        # Only for names this class lacks: PyTorch Lightning looks up its own hooks (``setup`` first) and
+        # ``state_key`` before any training step. Refused once, clearly, there — later look-ups (its
+        # ``on_exception`` and ``teardown`` while it unwinds) find nothing, so no second error follows.
+        if name in _LIGHTNING_NAMES:
+            if not self.__dict__.get("_refused_lightning", False):
+                self.__dict__["_refused_lightning"] = True
+                raise TypeError(_WRONG_TRAINER)
+            return None
+        raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
+
+
+_WRONG_TRAINER = (
+    "anatomy.AnatomyCallback is the Hugging Face Trainer's callback; for PyTorch Lightning use "
+    "anatomy.lightning.AnatomyCallback (`from anatomy.lightning import AnatomyCallback`, then "
+    "pl.Trainer(callbacks=[AnatomyCallback()]))"
+)
+_LIGHTNING_NAMES = frozenset(
+    {
+        "setup",
+        "teardown",
+        "state_key",
+        "_legacy_state_key",
+        "state_dict",
+        "load_state_dict",
+        "on_fit_start",
+        "on_fit_end",
+        "on_sanity_check_start",
+        "on_sanity_check_end",
+        "on_train_start",
+        "on_train_batch_start",
+        "on_train_batch_end",
+        "on_train_epoch_start",
+        "on_train_epoch_end",
+        "on_validation_start",
+        "on_validation_end",
+        "on_test_start",
+        "on_predict_start",
+        "on_exception",
+        "on_before_backward",
+        "on_after_backward",
+        "on_before_optimizer_step",
+        "on_before_zero_grad",
+        "on_save_checkpoint",
+        "on_load_checkpoint",
+    }
+)

@@ -72,6 +72,7 @@ class OptimizerWatch:
 
     def __init__(self, adopt: Callable[[Any], None], wrap: Callable[[Any], Any]) -> None:
         self.current: weakref.ref[Any] | None = None
+        self.extra: weakref.WeakSet[Any] = weakref.WeakSet()  # further tracked optimizers (a GAN's)
         self._param_ids: frozenset[int] = frozenset()
         self._others: weakref.WeakSet[Any] = weakref.WeakSet()  # optimizers over other parameters
         self._adopt = adopt
@@ -86,7 +87,7 @@ class OptimizerWatch:
         if optimizer is current or optimizer in self._others:
             return
         opt = unwrap_optimizer(optimizer)
-        if opt is current:
+        if opt is current or opt in self.extra:
             return
         groups = getattr(opt, "param_groups", ())
         if any(id(p) in self._param_ids for g in groups for p in g.get("params", ())):

@@ -130,7 +130,12 @@ class StepRecord:
     # hook state
     in_forward: int = 0
     counting: bool = False
-    optimizer_ran: bool = False
+    optimizer_ran: bool = False  # an optimizer phase began (gradients were complete)
+    in_optimizer: bool = False  # between an optimizer's step pre-hook (or closure's end) and its post-hook
+    updated: bool = False  # an optimizer's step post-hook fired: the optimizer really updated
+    suspended: bool = False  # a step block ended without an update: the next block continues this step
+    recall: bool = False  # a closure called again inside one optimizer step (LBFGS): no new micro-batch
+    blocks: int = 1  # step blocks (tracker.step / begin_step) merged into this step
 
 
 @dataclass(frozen=True, slots=True)

@@ -96,6 +96,10 @@ def durations_from_marks(marks: list[tuple[str, float]]) -> StepDurations | None
             if bwd_start is not None:
                 bwd += t - bwd_start
                 bwd_start = None
+            if opt_start is not None:  # a closure's forward inside the optimizer step (LBFGS, Lightning)
+                opt += t - opt_start
+                saw_opt = True
+                opt_start = None
             fwd_start = t
         elif kind == FORWARD_POST and fwd_start is not None:
             fwd += t - fwd_start
@@ -106,7 +110,8 @@ def durations_from_marks(marks: list[tuple[str, float]]) -> StepDurations | None
             if bwd_start is not None:
                 bwd += t - bwd_start
                 bwd_start = None
-            opt_start = t
+            if opt_start is None:
+                opt_start = t
         elif kind == OPTIMIZER_POST and opt_start is not None:
             opt += t - opt_start
             saw_opt = True

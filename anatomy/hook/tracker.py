@@ -100,6 +100,46 @@ _NO_MEMORY: dict[str, int | None] = {c.value: None for c in Component}  # copied
 _NAMED = (Feature.OPTIMIZER_STATES, Feature.GRADIENTS, Feature.ACTIVATIONS)
 
 
+MAX_MERGED_BLOCKS = 4096  # blocks without an optimizer update merged into one step, at most
+_DISCARDED = RuntimeError("trailing micro-batches without an optimizer update")
+
+
+def _plus(a: int | None, b: int | None) -> int | None:
+    return None if a is None or b is None else a + b
+
+
+def _wrap_closure(tracker: Tracker, args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[Any, Any] | None:
+    """``(args, kwargs)`` with the optimizer step's closure wrapped to tell ``tracker`` when it starts
+    and returns; None when the step has no closure."""
+    if "closure" in kwargs:
+        closure = kwargs["closure"]
+        if not callable(closure):
+            return None
+        return args, {**kwargs, "closure": _TrackedClosure(tracker, closure)}
+    if args and callable(args[0]):
+        return (_TrackedClosure(tracker, args[0]), *args[1:]), kwargs
+    return None
+
+
+class _TrackedClosure:
+    """Calls the user's closure exactly as the optimizer would; marks its start and its return."""
+
+    __slots__ = ("_closure", "_tracker")
+
+    def __init__(self, tracker: Tracker, closure: Callable[..., Any]) -> None:
+        self._tracker = weakref.ref(tracker)
+        self._closure = closure
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        tracker = self._tracker()
+        if tracker is not None:
+            tracker.closure_begin()  # (never raises: guarded inside)
+        result = self._closure(*args, **kwargs)
+        if tracker is not None:
+            tracker.closure_end()
+        return result
+
+
 def hook_disabled() -> bool:
     return os.environ.get("ANATOMY_TOP", "").strip().lower() in ("0", "false", "no", "off")
 
@@ -182,6 +222,8 @@ class Tracker:
         self._sums = Sums()
         self._precision_override = precision
         self._optimizer_ref: weakref.ref[Any] | None = None  # weak: a replaced optimizer must die
+        # Further optimizers stepped in the same training step (a GAN's generator and discriminator).
+        self._extra_optimizers: list[weakref.ref[Any]] = []
         self._forced_refresh = -1  # a step whose sums are re-taken whatever the schedule (a change)
         self._looked_at = 0  # the last step that compared the model's parameters in full
         self._kind_of: tuple[Any, OptimizerKind] | None = None
@@ -253,16 +295,24 @@ class Tracker:
             model.register_forward_hook(post, always_call=True),
         ]
 
-    def _register_optimizer_hooks(self, opt: Any) -> None:
+    def _optimizers(self) -> list[Any]:
+        opts = [self._optimizer] + [ref() for ref in self._extra_optimizers]
+        return [opt for opt in opts if opt is not None]
+
+    def _register_optimizer_hooks(self, opt: Any = None) -> None:
         for h in self._opt_handles:
             h.remove()
         self._opt_handles = []
-        if hasattr(opt, "register_step_pre_hook"):
-            pre, post = (
-                self._out_of_compile(self._on_optimizer_pre),
-                self._out_of_compile(self._on_optimizer_post),
-            )
-            self._opt_handles = [opt.register_step_pre_hook(pre), opt.register_step_post_hook(post)]
+        pre, post = (
+            self._out_of_compile(self._on_optimizer_pre),
+            self._out_of_compile(self._on_optimizer_post),
+        )
+        for each in self._optimizers():
+            if hasattr(each, "register_step_pre_hook") and hasattr(each, "register_step_post_hook"):
+                self._opt_handles += [each.register_step_pre_hook(pre), each.register_step_post_hook(post)]
+
+    def _sum_optimizer_states(self) -> int:
+        return sum(optimizer_state_bytes(opt) for opt in self._optimizers())
 
     def _out_of_compile(self, fn: Callable[..., Any]) -> Callable[..., Any]:
         return outside_compile(fn) if self._compile_safe else fn
@@ -275,7 +325,7 @@ class Tracker:
         with self._guard(Feature.SETUP):
             self._register_model_hooks()
             if self._optimizer is not None:
-                self._register_optimizer_hooks(self._optimizer)
+                self._register_optimizer_hooks()
 
     def attach_optimizer(self, optimizer: Any) -> None:
         """Track this optimizer's steps (the Trainer creates its optimizer after the model)."""
@@ -286,14 +336,33 @@ class Tracker:
             if opt is self._optimizer:
                 return
             self._optimizer_ref = self._optimizer_watch.current = weakref.ref(opt)
-            self._register_optimizer_hooks(opt)
+            self._extra_optimizers = [ref for ref in self._extra_optimizers if ref() not in (None, opt)]
+            self._optimizer_watch.extra = weakref.WeakSet(self._optimizers()[1:])
+            self._register_optimizer_hooks()
             self._hello_changed()
             # a new optimizer makes its states on its first step: re-sum them there, whatever the schedule
             self._forced_refresh = self._step.index if self._step is not None else self._steps_done
         opt = self._optimizer
         if opt is not None and self._guard.ok(Feature.OPTIMIZER_STATES):
             with self._guard(Feature.OPTIMIZER_STATES):
-                self._sums.optimizer_states = optimizer_state_bytes(opt)
+                self._sums.optimizer_states = self._sum_optimizer_states()
+
+    def add_optimizer(self, optimizer: Any) -> None:
+        """Track a further optimizer stepped in the same training steps (a GAN's second one): its
+        updates end steps like the first one's, and its states are summed with the first one's."""
+        if not self.enabled or optimizer is None:
+            return
+        if self._optimizer is None:
+            self.attach_optimizer(optimizer)
+            return
+        with self._guard(Feature.OPTIMIZER):
+            opt = unwrap_optimizer(optimizer)
+            if any(opt is each for each in self._optimizers()):
+                return
+            self._extra_optimizers.append(weakref.ref(opt))
+            self._optimizer_watch.extra = weakref.WeakSet(self._optimizers()[1:])
+            self._register_optimizer_hooks()
+            self._forced_refresh = self._step.index if self._step is not None else self._steps_done
 
     def set_precision(self, precision: Precision | None = None, *, grad_scaler: bool | None = None) -> None:
         """Tell the tracker what it cannot see (e.g. the Trainer's fp16/bf16 flags)."""
@@ -406,11 +475,24 @@ class Tracker:
         return _StepContext(self, samples, tokens)
 
     def begin_step(self, samples: int | None = None, tokens: int | None = None) -> None:
+        """A step block begins. Blocks in which no optimizer updates (gradient accumulation, a skipped
+        fp16 step, accelerate's non-sync micro-batches) are micro-batches of the next step that does."""
         if not self.enabled or self._closed:
             return
         self._explicit = True
-        if self._step is not None:
-            self.end_step()
+        rec = self._step
+        if rec is not None and not rec.suspended:
+            self.end_step()  # (a block never ended)
+            rec = self._step
+        if rec is not None and rec.suspended and not rec.updated:
+            with self._guard(Feature.STEP):
+                rec.suspended = False
+                rec.blocks += 1
+                rec.samples = _plus(rec.samples, samples)
+                rec.tokens = _plus(rec.tokens, tokens)
+            return
+        if rec is not None:  # suspended, and an optimizer stepped after its block (outside any block)
+            self._finish_step(rec, None)
         self._keep_out_of_compile()
         self._begin(auto=False, samples=samples, tokens=tokens)
 
@@ -445,16 +527,48 @@ class Tracker:
         """Close the current step. With ``exc`` (the exception that ended it), an out-of-memory
         error writes the last snapshot with the error text to the OOM file."""
         rec = self._step
-        if not self.enabled or rec is None:
+        if not self.enabled or rec is None or rec.suspended:
             if exc is not None and self.enabled and is_oom(exc):
                 self._write_oom(exc)
             return
+        if exc is None and not rec.updated and self._defers(rec):
+            self._suspend(rec)
+            return
+        self._finish_step(rec, exc)
+        if exc is not None and is_oom(exc):
+            self._write_oom(exc)
+
+    def _finish_step(self, rec: StepRecord, exc: BaseException | None) -> None:
         self._step = None
         self._close_window(rec)
         with self._guard(Feature.STEP):
             self._finish(rec, exc)
-        if exc is not None and is_oom(exc):
-            self._write_oom(exc)
+
+    def _defers(self, rec: StepRecord) -> bool:
+        """Does a block that did not update continue into the next one? Only where an update can be
+        seen (a tracked optimizer with step hooks), and not forever (a loop that never steps it)."""
+        return bool(self._opt_handles) and rec.blocks < MAX_MERGED_BLOCKS
+
+    def _suspend(self, rec: StepRecord) -> None:
+        """The block ended without an optimizer update: the step goes on in the next block (what runs
+        between blocks, data loading, is the step's "other" time)."""
+        self._close_window(rec)
+        with self._guard(Feature.STEP):
+            rec.suspended = True
+            if rec.in_forward:  # a forward left open (a framework's forward mark without a backward)
+                rec.in_forward = 0
+            if self._guard.ok(Feature.TIMING):
+                rec.clock.mark(BACKWARD_END)
+
+    def _discard(self, rec: StepRecord) -> None:
+        """Trailing micro-batches that no update followed (the run ended): not a step."""
+        self._step = None
+        self._close_window(rec)
+        with self._guard(Feature.STEP):
+            if rec.trace is not None:
+                self._stop_trace(rec)
+            if rec.profiler is not None:
+                self._stop_profiler(rec, _DISCARDED)
 
     def _finish(self, rec: StepRecord, exc: BaseException | None) -> None:
         if rec.trace is not None:  # entered after the profiler: leaves first
@@ -581,12 +695,13 @@ class Tracker:
                 rec = self._step
                 if rec is None:
                     return
-            if not torch.is_grad_enabled():
+            if not torch.is_grad_enabled() or rec.suspended:  # (between step blocks: not the step's)
                 return
             rec.in_forward += 1
             if rec.in_forward > 1:
                 return  # re-entrant call of the same model inside its forward
-            rec.micro += 1
+            if not rec.recall:
+                rec.micro += 1
             self._close_window(rec)  # an earlier micro-batch's, left open after its forward
             x = _first_tensor(args, kwargs)
             shape = tuple(x.shape) if x is not None else None
@@ -646,6 +761,23 @@ class Tracker:
                 self._memory.read(rec, Phase.FORWARD, acts + copies + earlier_grads, held)
             self._boundary(rec, Phase.BACKWARD)
 
+    def forward_begin(self, batch: Any = None) -> None:
+        """A framework's training forward starts — Lightning's ``training_step``, which may call any of
+        the model's submodules (``self.model(...)``) rather than the model's own forward. The model's
+        forward hooks inside it nest and are not counted twice. ``batch``: its first tensor gives the
+        micro-batch's size."""
+        if not self.enabled or self._step is None:
+            return
+        args = (batch,) if isinstance(batch, torch.Tensor) else ()
+        self._on_forward_pre(self.model, args, {})
+
+    def forward_end(self) -> None:
+        """The framework's forward is done (its loss exists; Lightning's ``on_before_backward``)."""
+        rec = self._step
+        if not self.enabled or rec is None or rec.in_forward != 1:
+            return
+        self._on_forward_post(self.model, (), None)
+
     def _record_count(self, rec: StepRecord) -> None:
         """The micro-batch's window closed: keep the largest micro-batch's counts."""
         rec.window = False
@@ -675,16 +807,43 @@ class Tracker:
         if rec.window:
             self._record_count(rec)
 
-    def _on_optimizer_pre(self, optimizer: Any, args: Any, kwargs: Any) -> None:
-        self.optimizer_begin()
+    def _on_optimizer_pre(self, optimizer: Any, args: Any, kwargs: Any) -> tuple[Any, Any] | None:
+        """An optimizer step begins. With a closure (LBFGS, Lightning), forward and backward run inside
+        the step: the optimizer phase begins when the closure returns, so the closure is wrapped — the
+        wrapper calls the user's closure once per call, returns what it returns and lets its exceptions
+        through unchanged."""
+        wrapped = None
+        with self._guard(Feature.OPTIMIZER):
+            wrapped = _wrap_closure(self, args, kwargs)
+        if wrapped is None:
+            self.optimizer_begin()
+        return wrapped
 
     def _on_optimizer_post(self, optimizer: Any, args: Any, kwargs: Any) -> None:
+        rec = self._step
+        if rec is not None:
+            rec.updated = True  # the hook fires only when the step ran (not on a skipped fp16 step)
+            rec.recall = False
         self.optimizer_end()
+
+    def closure_begin(self) -> None:
+        """A closure passed to the optimizer's step starts (its forward). Called again inside the same
+        optimizer step (LBFGS re-evaluates), the optimizer phase pauses for it."""
+        rec = self._step
+        if not self.enabled or rec is None or not rec.in_optimizer:
+            return
+        with self._guard(Feature.OPTIMIZER):
+            rec.in_optimizer = False
+            rec.recall = True
+
+    def closure_end(self) -> None:
+        """The closure returned: this step's gradients are complete, the optimizer's math begins."""
+        self.optimizer_begin()
 
     def backward_end(self) -> None:
         """A micro-batch's backward is done (the Trainer's ``on_substep_end``): its gradients exist."""
         rec = self._step
-        if not self.enabled or rec is None or rec.in_forward:
+        if not self.enabled or rec is None or rec.in_forward or rec.suspended:
             return
         self._close_window(rec)
         with self._guard(Feature.BACKWARD):
@@ -699,11 +858,20 @@ class Tracker:
         """Gradients are complete: measure them, and start the optimizer phase. Called by the
         optimizer's step pre-hook; the Trainer callback calls it too (a second call is ignored)."""
         rec = self._step
-        if not self.enabled or rec is None or rec.optimizer_ran or rec.in_forward:
+        if not self.enabled or rec is None or rec.in_optimizer or rec.in_forward:
+            return
+        if rec.optimizer_ran:  # a second optimizer (a GAN's), or a closure's re-evaluation done
+            rec.in_optimizer = True
+            if self._guard.ok(Feature.TIMING):
+                rec.clock.mark(OPTIMIZER_PRE)
+            if rec.grads is not None and self._refresh_due(rec.index) and self._guard.ok(Feature.GRADIENTS):
+                with self._guard(Feature.GRADIENTS):  # gradients at their largest over the step's updates
+                    self._sums.gradients = gradient_bytes(self.model)
+                    rec.grads = max(rec.grads, self._sums.gradients)
             return
         self._close_window(rec)
         with self._guard(Feature.OPTIMIZER):
-            rec.optimizer_ran = True
+            rec.optimizer_ran = rec.in_optimizer = True
             sums = self._sums
             if self._guard.ok(Feature.GRADIENTS) and rec.grads is None and self._refresh_due(rec.index):
                 with self._guard(Feature.GRADIENTS):
@@ -721,7 +889,15 @@ class Tracker:
     def optimizer_end(self) -> None:
         """The optimizer step is done: its states exist now. Ends an automatic step."""
         rec = self._step
-        if not self.enabled or rec is None or not rec.optimizer_ran or rec.opt_after is not None:
+        if not self.enabled or rec is None or not rec.in_optimizer:
+            return
+        rec.in_optimizer = False
+        if rec.opt_after is not None:  # a second optimizer's step: its time, and its states on refresh
+            if self._guard.ok(Feature.TIMING):
+                rec.clock.mark(OPTIMIZER_POST)
+            if self._refresh_due(rec.index) and self._guard.ok(Feature.OPTIMIZER_STATES):
+                with self._guard(Feature.OPTIMIZER_STATES):
+                    rec.opt_after = self._sums.optimizer_states = self._sum_optimizer_states()
             return
         with self._guard(Feature.OPTIMIZER):
             if self._guard.ok(Feature.TIMING):
@@ -730,13 +906,13 @@ class Tracker:
             opt = self._optimizer
             if opt is not None and self._guard.ok(Feature.OPTIMIZER_STATES) and refresh:
                 with self._guard(Feature.OPTIMIZER_STATES):
-                    self._sums.optimizer_states = optimizer_state_bytes(opt)
+                    self._sums.optimizer_states = self._sum_optimizer_states()
             rec.opt_after = self._sums.optimizer_states
             if refresh and self._memory is not None:  # in steady state the heap after the step equals before
                 held = held_after_optimizer(rec, self._sums)
                 self._memory.read(rec, Phase.OPTIMIZER, explained_after_optimizer(rec), held)
             self._boundary(rec, Phase.OTHER)
-        if rec.auto:
+        if rec.auto and rec.updated:
             self.end_step()
 
     def _boundary(self, rec: StepRecord, next_phase: Phase) -> None:
@@ -972,10 +1148,7 @@ class Tracker:
             return None
         rec = self._step
         if rec is not None:
-            self._step = None
-            self._close_window(rec)
-            with self._guard(Feature.STEP):
-                self._finish(rec, exc)
+            self._finish_step(rec, exc)
         return self._write_oom(exc)
 
     # -- life cycle -------------------------------------------------------------------------------
@@ -987,8 +1160,11 @@ class Tracker:
         self._closed = True
         if not self.enabled:
             return
-        if self._step is not None:
-            self.end_step()
+        rec = self._step
+        if rec is not None and rec.suspended and not rec.updated and self._steps_done > 0:
+            self._discard(rec)
+        elif rec is not None:
+            self._finish_step(rec, None)
         with self._guard(Feature.SETUP):
             self._detach()
         with self._guard(Feature.ACTIVATIONS):

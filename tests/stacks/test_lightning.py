@@ -1,0 +1,239 @@
+"""PyTorch Lightning with ``anatomy.lightning.AnatomyCallback``: automatic and manual optimization,
+``accumulate_grad_batches``, two optimizers (a GAN), ``self.model(...)`` inside ``training_step``,
+validation not counted, and the Hugging Face callback refused with one clear error. Every published
+figure is compared with the training process's own count (its optimizer step post-hooks, its
+gradient and optimizer-state sums), and the losses with those of the same fit without the hook."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
+
+import pytest
+import torch
+
+import anatomy
+from anatomy.vocabulary import Component
+
+pl = pytest.importorskip("lightning.pytorch")
+
+BATCHES = 8
+WIDTH = 32
+
+
+class _Data(torch.utils.data.Dataset):  # type: ignore[type-arg]
+    def __init__(self, n: int, seed: int = 1) -> None:
+        g = torch.Generator().manual_seed(seed)
+        self.x = torch.randn(n, WIDTH, generator=g)
+        self.y = torch.randn(n, 1, generator=g)
+
+    def __len__(self) -> int:
+        return len(self.x)
+
+    def __getitem__(self, i: int) -> tuple[torch.Tensor, torch.Tensor]:
+        return self.x[i], self.y[i]
+
+
+def _loader(n_batches: int, seed: int = 1) -> torch.utils.data.DataLoader:  # type: ignore[type-arg]
+    return torch.utils.data.DataLoader(_Data(8 * n_batches, seed), batch_size=8, shuffle=False)
+
+
+def _net(seed: int) -> torch.nn.Module:
+    torch.manual_seed(seed)
+    return torch.nn.Sequential(torch.nn.Linear(WIDTH, 64), torch.nn.ReLU(), torch.nn.Linear(64, 1))
+
+
+class Regressor(pl.LightningModule):
+    """Automatic optimization; ``via_submodule``: ``training_step`` calls ``self.model(...)``."""
+
+    def __init__(self, via_submodule: bool = False, with_validation: bool = False) -> None:
+        super().__init__()
+        self.model = _net(0)
+        self.via_submodule = via_submodule
+        self.with_validation = with_validation
+        self.losses: list[float] = []
+        self.truth: Any = None
+        self.validation_batches = 0
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.model(x)  # type: ignore[no-any-return]
+
+    def training_step(self, batch: Any, batch_idx: int) -> torch.Tensor:
+        x, y = batch
+        out = self.model(x) if self.via_submodule else self(x)
+        loss = torch.nn.functional.mse_loss(out, y)
+        self.losses.append(loss.item())
+        return loss
+
+    def validation_step(self, batch: Any, batch_idx: int) -> None:
+        x, y = batch
+        self.validation_batches += 1
+        torch.nn.functional.mse_loss(self(x), y)
+
+    def configure_optimizers(self) -> Any:
+        return torch.optim.AdamW(self.parameters(), lr=1e-3)
+
+
+class Gan(pl.LightningModule):
+    """Manual optimization with two optimizers, each over its own network."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.automatic_optimization = False
+        self.generator = _net(1)
+        torch.manual_seed(2)
+        self.discriminator = torch.nn.Sequential(
+            torch.nn.Linear(1, 16), torch.nn.ReLU(), torch.nn.Linear(16, 1)
+        )
+        self.losses: list[float] = []
+
+    def training_step(self, batch: Any, batch_idx: int) -> None:
+        x, y = batch
+        g_opt, d_opt = self.optimizers()
+        fake = self.generator(x)
+        d_loss = (self.discriminator(fake.detach()) - self.discriminator(y)).pow(2).mean()
+        d_opt.zero_grad()
+        self.manual_backward(d_loss)
+        d_opt.step()
+        g_loss = self.discriminator(self.generator(x)).pow(2).mean()
+        g_opt.zero_grad()
+        self.manual_backward(g_loss)
+        g_opt.step()
+        self.losses += [d_loss.item(), g_loss.item()]
+
+    def configure_optimizers(self) -> Any:
+        return (
+            torch.optim.AdamW(self.generator.parameters(), lr=1e-3),
+            torch.optim.SGD(self.discriminator.parameters(), lr=1e-2, momentum=0.9),
+        )
+
+
+class _TruthCallback(pl.Callback):
+    """The test's own count, installed at the fit's start (when the optimizers exist)."""
+
+    def __init__(self, st: SimpleNamespace) -> None:
+        self.st = st
+        self.truth: Any = None
+
+    def on_train_start(self, trainer: Any, pl_module: Any) -> None:
+        opts = [getattr(o, "_optimizer", o) for o in trainer.optimizers]
+        self.truth = self.st.Truth(pl_module, opts)
+
+
+def _fit(module: Any, callbacks: list[Any], tmp: Path, *, val: bool = False, **kwargs: Any) -> Any:
+    trainer = pl.Trainer(
+        max_epochs=1,
+        accelerator="cpu",
+        devices=1,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        logger=False,
+        enable_checkpointing=False,
+        default_root_dir=str(tmp),
+        num_sanity_val_steps=2 if val else 0,
+        val_check_interval=4 if val else None,
+        limit_val_batches=2 if val else None,
+        callbacks=callbacks,
+        **kwargs,
+    )
+    trainer.fit(module, _loader(BATCHES), _loader(2, seed=5) if val else None)
+    return trainer
+
+
+def _run(
+    st: SimpleNamespace, published: list[Any], tmp: Path, make: Any, *, val: bool = False, **kwargs: Any
+) -> tuple[Any, Any, list[Any], list[float]]:
+    """The same fit with and without the hook: (module, truth, published snapshots, losses without
+    the hook)."""
+    from anatomy.lightning import AnatomyCallback
+
+    plain = make()
+    _fit(plain, [], tmp / "plain", val=val, **kwargs)
+    module = make()
+    truth_cb = _TruthCallback(st)
+    callback = AnatomyCallback()
+    _fit(module, [truth_cb, callback], tmp / "hooked", val=val, **kwargs)
+    assert callback.tracker is not None and callback.tracker.closed
+    truth_cb.truth.close()
+    assert [s.step for s in published] == list(range(len(published)))  # every step, once, in order
+    return module, truth_cb.truth, list(published), plain.losses
+
+
+def _check_memory(snap: Any, truth: Any, step: int) -> None:
+    mem = snap.memory
+    assert snap.step == step
+    assert mem[Component.GRADIENTS.value] == truth.grads[step]
+    assert mem[Component.OPTIMIZER_STATES.value] == truth.states[step]
+
+
+def test_automatic_optimization(st: SimpleNamespace, published: list[Any], tmp_path: Path) -> None:
+    module, truth, snaps, plain_losses = _run(st, published, tmp_path, Regressor)
+    assert module.losses == plain_losses  # bit-identical
+    assert truth.updates == BATCHES
+    assert len(snaps) == BATCHES  # one step per update
+    first = snaps[0]
+    assert truth.grads[0] > 0
+    _check_memory(first, truth, 0)  # gradients read after this step's backward, states after the update
+    last = snaps[-1]
+    assert last.memory[Component.OPTIMIZER_STATES.value] == truth.states[-1]
+    assert last.grad_accum_steps == 1 and last.batch_size == 8
+    assert last.memory[Component.ACTIVATIONS.value]
+    for snap in snaps[1:]:  # (the first step's clock may still be pending on the first snapshot)
+        t = snap.timing
+        assert t.forward_s and t.backward_s and t.optimizer_s and t.step_s
+        assert st.phases_sum(snap) <= t.step_s * 1.05
+
+
+def test_training_step_calls_a_submodule(st: SimpleNamespace, published: list[Any], tmp_path: Path) -> None:
+    module, truth, snaps, plain_losses = _run(st, published, tmp_path, lambda: Regressor(via_submodule=True))
+    assert module.losses == plain_losses
+    assert snaps and snaps[-1].step == truth.updates - 1 == BATCHES - 1
+    _check_memory(next(s for s in snaps if s.step == 0), truth, 0)
+    assert snaps[-1].memory[Component.ACTIVATIONS.value]  # the forward is training_step's, whatever it calls
+    assert snaps[-1].timing.forward_s
+
+
+def test_gradient_accumulation(st: SimpleNamespace, published: list[Any], tmp_path: Path) -> None:
+    module, truth, snaps, plain_losses = _run(st, published, tmp_path, Regressor, accumulate_grad_batches=4)
+    assert module.losses == plain_losses
+    assert truth.updates == BATCHES // 4
+    assert snaps[-1].step == truth.updates - 1
+    assert all(s.grad_accum_steps == 4 for s in snaps)
+    for step in range(truth.updates):
+        _check_memory(next(s for s in snaps if s.step == step), truth, step)
+    assert st.phases_sum(snaps[-1]) <= snaps[-1].timing.step_s * 1.05
+
+
+def test_manual_optimization_two_optimizers(
+    st: SimpleNamespace, published: list[Any], tmp_path: Path
+) -> None:
+    module, truth, snaps, plain_losses = _run(st, published, tmp_path, Gan)
+    assert module.losses == plain_losses
+    assert truth.updates == 2 * BATCHES  # each batch updates both networks: one step
+    assert snaps[-1].step == BATCHES - 1
+    for snap in snaps:
+        mem = snap.memory
+        # both optimizers' states, summed (AdamW's two moments, SGD's momentum)
+        assert mem[Component.OPTIMIZER_STATES.value] == truth.states[2 * snap.step + 1]
+        assert mem[Component.GRADIENTS.value] == max(truth.grads[2 * snap.step : 2 * snap.step + 2])
+    assert snaps[-1].timing.optimizer_s and snaps[-1].timing.forward_s
+
+
+def test_validation_is_not_a_step(st: SimpleNamespace, published: list[Any], tmp_path: Path) -> None:
+    module, truth, snaps, plain_losses = _run(
+        st, published, tmp_path, lambda: Regressor(with_validation=True), val=True
+    )
+    assert module.losses == plain_losses
+    assert module.validation_batches >= 4  # sanity check + two validation runs mid-epoch
+    assert truth.updates == BATCHES and snaps[-1].step == BATCHES - 1
+    assert all(s.grad_accum_steps == 1 for s in snaps)  # no validation forward joined a step
+
+
+def test_hugging_face_callback_is_refused_before_training(tmp_path: Path) -> None:
+    module = Regressor()
+    with pytest.raises(TypeError, match=r"anatomy\.lightning\.AnatomyCallback") as info:
+        _fit(module, [anatomy.AnatomyCallback()], tmp_path)
+    assert module.losses == []  # not a single training step ran
+    assert "Hugging Face" in str(info.value)
+    assert info.value.__context__ is None  # one error, not one raised while handling another
