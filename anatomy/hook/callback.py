@@ -69,7 +69,7 @@ class AnatomyCallback(TrainerCallback):
         log: bool = True,
     ) -> None:
         self.publish = publish
-        self.log = log
+        self.log_to_loggers = log  # the same name as the Lightning callback's (where ``log`` is Lightning's)
         self.interval_s = interval_s
         self.sample_every = sample_every
         self.directory = directory
@@ -130,7 +130,7 @@ class AnatomyCallback(TrainerCallback):
         self, args: Any, state: Any, control: Any, model: Any = None, optimizer: Any = None, **kwargs: Any
     ) -> None:
         self._guard("on_train_begin", self._start, args, model, optimizer)
-        if self.log and self.tracker is not None and not hook_disabled():
+        if self.log_to_loggers and self.tracker is not None and not hook_disabled():
             self._guard("on_train_begin", self._install_logs)
 
     def _install_logs(self) -> None:
