@@ -79,7 +79,9 @@ class _Seen:
         self.snapshots: dict[int, Any] = {}
 
 
-def _train(tmp: Path, callbacks: list[Any], trainer_class: Any = None, **args: Any) -> Any:
+def _train(
+    tmp: Path, callbacks: list[Any], trainer_class: Any = None, added_later: Any = None, **args: Any
+) -> Any:
     from transformers import Trainer, TrainingArguments
 
     training_args = TrainingArguments(
@@ -95,6 +97,8 @@ def _train(tmp: Path, callbacks: list[Any], trainer_class: Any = None, **args: A
     )
     cls = trainer_class or Trainer
     trainer = cls(model=_bert(), args=training_args, train_dataset=_Tokens(), callbacks=callbacks)
+    if added_later is not None:  # after the Trainer's __init__: the callback never sees on_init_end
+        trainer.add_callback(added_later)
     trainer.train()
     return trainer
 
@@ -118,13 +122,19 @@ def _f32(value: float) -> float:
     return float(struct.unpack("f", struct.pack("f", value))[0])
 
 
-def test_tensorboard_holds_the_published_anatomy(tmp_path: Path) -> None:
+@pytest.mark.parametrize(("accumulate", "later"), [(1, False), (2, True)])
+def test_tensorboard_holds_the_published_anatomy(tmp_path: Path, accumulate: int, later: bool) -> None:
     import anatomy
     from anatomy.vocabulary import Component
 
     callback = anatomy.AnatomyCallback(interval_s=0.01)
     seen = _Seen(callback)
-    trainer = _train(tmp_path, [callback, seen.callback])
+    trainer = _train(
+        tmp_path,
+        [seen.callback] if later else [callback, seen.callback],
+        added_later=callback if later else None,
+        gradient_accumulation_steps=accumulate,
+    )
     acc = _events(tmp_path)
     tags = set(acc.Tags()["scalars"])
     logged_steps = sorted(_scalars(acc, "train/loss"))
