@@ -29,6 +29,7 @@ own exceptions propagate.
 
 from __future__ import annotations
 
+import logging
 import os
 import time
 import weakref
@@ -100,6 +101,8 @@ _NO_MEMORY: dict[str, int | None] = {c.value: None for c in Component}  # copied
 _NAMED = (Feature.OPTIMIZER_STATES, Feature.GRADIENTS, Feature.ACTIVATIONS)
 
 
+log = logging.getLogger("anatomy")
+UNSEEN_UPDATES_WARNING = 3  # updates without any step seen before the tracker says so, once
 MAX_MERGED_BLOCKS = 4096  # blocks without an optimizer update merged into one step, at most
 _DISCARDED = RuntimeError("trailing micro-batches without an optimizer update")
 
@@ -116,8 +119,9 @@ def _wrap_closure(tracker: Tracker, args: tuple[Any, ...], kwargs: dict[str, Any
         if not callable(closure):
             return None
         return args, {**kwargs, "closure": _TrackedClosure(tracker, closure)}
-    if args and callable(args[0]):
-        return (_TrackedClosure(tracker, args[0]), *args[1:]), kwargs
+    # torch passes the hooks the step's positional arguments with the optimizer first
+    if len(args) > 1 and callable(args[1]) and not isinstance(args[0], torch.Tensor):
+        return (args[0], _TrackedClosure(tracker, args[1]), *args[2:]), kwargs
     return None
 
 
@@ -233,6 +237,7 @@ class Tracker:
         self._step: StepRecord | None = None
         self._last_rec: StepRecord | None = None  # the last finished step
         self._explicit = False
+        self._unseen_updates = 0  # optimizer updates with no step around them (a forward never seen)
         self._closed = False
         self._steps_done = 0
         self._seq = 0
@@ -821,6 +826,16 @@ class Tracker:
 
     def _on_optimizer_post(self, optimizer: Any, args: Any, kwargs: Any) -> None:
         rec = self._step
+        if rec is None and not self._explicit and not self._closed:
+            self._unseen_updates += 1
+            if self._unseen_updates == UNSEEN_UPDATES_WARNING:
+                log.warning(
+                    "anatomy: %d optimizer updates and no training-mode forward of the tracked %s: nothing "
+                    "is measured. Track the module whose forward the loop calls, mark steps with "
+                    "tracker.step(), or with PyTorch Lightning use anatomy.lightning.AnatomyCallback.",
+                    self._unseen_updates,
+                    type(self.model).__name__,
+                )
         if rec is not None:
             rec.updated = True  # the hook fires only when the step ran (not on a skipped fp16 step)
             rec.recall = False

@@ -124,11 +124,16 @@ def gradient_bytes(model: torch.nn.Module) -> int:
 
 
 def state_bytes(optimizer: torch.optim.Optimizer) -> int:
+    """Every tensor in ``optimizer.state``, also inside lists (LBFGS keeps its history in lists)."""
     seen: set[int] = set()
     total = 0
     for per_param in optimizer.state.values():
-        for value in per_param.values():
-            if isinstance(value, torch.Tensor) and _storage(value) not in seen:
+        stack: list[Any] = list(per_param.values())
+        while stack:
+            value = stack.pop()
+            if isinstance(value, (list, tuple)):
+                stack.extend(value)
+            elif isinstance(value, torch.Tensor) and _storage(value) not in seen:
                 seen.add(_storage(value))
                 total += value.numel() * value.element_size()
     return total
