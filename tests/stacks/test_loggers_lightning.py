@@ -4,7 +4,6 @@ metrics.csv is read back."""
 from __future__ import annotations
 
 import csv
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -20,14 +19,6 @@ BATCH = 4
 STEPS = 6
 LOG_EVERY = 2
 WIDTH = 32
-
-
-@pytest.fixture(autouse=True)
-def runtime_dir(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
-    directory = tmp_path / "rt"
-    monkeypatch.setenv("ANATOMY_TOP_DIR", str(directory))
-    monkeypatch.delenv("ANATOMY_TOP", raising=False)
-    yield directory
 
 
 class _Net(pl.LightningModule):  # type: ignore[misc]
@@ -93,7 +84,9 @@ def _column(rows: list[dict[str, str]], name: str) -> dict[int, float]:
 
 
 @pytest.mark.parametrize("accumulate", [1, 2])
-def test_csv_logger_holds_the_published_anatomy(tmp_path: Path, accumulate: int) -> None:
+def test_csv_logger_holds_the_published_anatomy(
+    tmp_path: Path, published: list[Any], accumulate: int
+) -> None:
     from anatomy.lightning import AnatomyCallback
     from anatomy.vocabulary import Component
 
@@ -115,6 +108,7 @@ def test_csv_logger_holds_the_published_anatomy(tmp_path: Path, accumulate: int)
         # Lightning numbers a step's logs by the optimizer steps before it.
         snap = latest.snapshots[step + 1]
         assert snap is not None and snap.error is None
+        assert any(p is snap for p in published)  # the very snapshot the publisher got
         measured = {c: v for c, v in snap.memory.items() if v is not None}
         assert {Component.WEIGHTS.value, Component.GRADIENTS.value, Component.OPTIMIZER_STATES.value} <= set(
             measured

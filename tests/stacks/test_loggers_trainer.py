@@ -4,7 +4,6 @@ whose event files are read back with TensorBoard's own reader."""
 from __future__ import annotations
 
 import struct
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -22,12 +21,9 @@ _WALL_CLOCK = ("train_runtime", "train_samples_per_second", "train_steps_per_sec
 
 
 @pytest.fixture(autouse=True)
-def runtime_dir(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
-    directory = tmp_path / "rt"
-    monkeypatch.setenv("ANATOMY_TOP_DIR", str(directory))
-    monkeypatch.delenv("ANATOMY_TOP", raising=False)
-    monkeypatch.delenv("TENSORBOARD_LOGGING_DIR", raising=False)  # the event file goes under output_dir
-    yield directory
+def _event_file_under_output_dir(monkeypatch: pytest.MonkeyPatch) -> None:
+    # (the runtime directory is the stack tests' conftest's, one per test)
+    monkeypatch.delenv("TENSORBOARD_LOGGING_DIR", raising=False)
 
 
 class _Tokens(torch.utils.data.Dataset):  # type: ignore[type-arg]
@@ -123,7 +119,9 @@ def _f32(value: float) -> float:
 
 
 @pytest.mark.parametrize(("accumulate", "later"), [(1, False), (2, True)])
-def test_tensorboard_holds_the_published_anatomy(tmp_path: Path, accumulate: int, later: bool) -> None:
+def test_tensorboard_holds_the_published_anatomy(
+    tmp_path: Path, published: list[Any], accumulate: int, later: bool
+) -> None:
     import anatomy
     from anatomy.vocabulary import Component
 
@@ -152,6 +150,7 @@ def test_tensorboard_holds_the_published_anatomy(tmp_path: Path, accumulate: int
     for step in logged_steps:
         snap = seen.snapshots[step]
         assert snap is not None and snap.error is None
+        assert any(p is snap for p in published)  # the very snapshot the publisher got
         # Every component the hook measured, under its vocabulary name, at the logging step.
         measured = {c: v for c, v in snap.memory.items() if v is not None}
         named = (Component.WEIGHTS, Component.GRADIENTS, Component.ACTIVATIONS)
