@@ -31,6 +31,7 @@ from typing import Any
 
 import torch
 
+from anatomy.hook.lightning_logs import log_snapshot
 from anatomy.hook.schedule import SAMPLE_EVERY
 from anatomy.hook.tracker import Tracker, hook_disabled, track
 
@@ -86,9 +87,13 @@ class _AnatomyCallback:
         interval_s: float = 0.5,
         sample_every: int = SAMPLE_EVERY,
         directory: Path | None = None,
+        log: bool = True,
     ) -> None:
         super().__init__()
         self.publish = publish
+        # The anatomy to the trainer's loggers at its logging steps. Not ``self.log``: Lightning assigns the
+        # module's ``log``/``log_dict`` to every callback's attributes of those names when fit starts.
+        self.log_to_loggers = log
         self.interval_s = interval_s
         self.sample_every = sample_every
         self.directory = directory
@@ -178,6 +183,12 @@ class _AnatomyCallback:
         self._in_batch = False
         self._guard("on_train_batch_end", self.tracker.forward_end)  # a step that never called backward
         self._guard("on_train_batch_end", self.tracker.end_step)
+        if self.log_to_loggers:
+            self._guard("on_train_batch_end", self._log_step, trainer)
+
+    def _log_step(self, trainer: Any) -> None:
+        if self.tracker is not None:
+            log_snapshot(trainer, self.tracker.latest)
 
 
 _CLASS: type | None = None

@@ -10,6 +10,9 @@ first counts. Micro-batches under gradient accumulation are told apart by the mo
 A Trainer reports no exceptions to callbacks, so to write the out-of-memory file the callback wraps
 its Trainer's ``train`` (found at ``on_init_end``; or ``training_step`` when the callback was added
 later). The exception itself always propagates unchanged.
+
+At each logging step the anatomy joins the Trainer's own logs (``anatomy/...``, see
+:mod:`anatomy.hook.trainer_logs`), so ``report_to``'s loggers receive it; ``log=False`` turns that off.
 """
 
 from __future__ import annotations
@@ -24,10 +27,12 @@ from typing import Any
 import torch
 from transformers import TrainerCallback
 
+from anatomy.hook import trainer_logs
 from anatomy.hook.detect import detect_precision
 from anatomy.hook.schedule import SAMPLE_EVERY
 from anatomy.hook.tensors import dominant_dtype
 from anatomy.hook.tracker import Tracker, hook_disabled, track
+from anatomy.protocol import Snapshot
 
 log = logging.getLogger("anatomy")
 
@@ -78,8 +83,10 @@ class AnatomyCallback(TrainerCallback):
         interval_s: float = 0.5,
         sample_every: int = SAMPLE_EVERY,
         directory: Path | None = None,
+        log: bool = True,
     ) -> None:
         self.publish = publish
+        self.log_to_loggers = log  # the same name as the Lightning callback's (where ``log`` is Lightning's)
         self.interval_s = interval_s
         self.sample_every = sample_every
         self.directory = directory
@@ -140,6 +147,16 @@ class AnatomyCallback(TrainerCallback):
         self, args: Any, state: Any, control: Any, model: Any = None, optimizer: Any = None, **kwargs: Any
     ) -> None:
         self._guard("on_train_begin", self._start, args, model, optimizer)
+        if self.log_to_loggers and self.tracker is not None and not hook_disabled():
+            self._guard("on_train_begin", self._install_logs)
+
+    def _install_logs(self) -> None:
+        trainer = _find_trainer()
+        if trainer is not None:
+            trainer_logs.install(trainer.callback_handler, self, self._latest)
+
+    def _latest(self) -> Snapshot | None:
+        return self.tracker.latest if self.tracker is not None else None
 
     def _start(self, args: Any, model: Any, optimizer: Any) -> None:
         if model is None:
