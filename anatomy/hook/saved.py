@@ -159,6 +159,14 @@ def _is_sliced_integer_view(t: torch.Tensor) -> bool:
     return t.untyped_storage().nbytes() >= 2 * t.numel() * t.element_size()
 
 
+def _reused_after_reshard(t: torch.Tensor) -> bool:
+    """A storage first seen as an all-gathered parameter, now holding a tensor that is not one: FSDP freed
+    the gathered parameter after its layer's forward (reshard) and the allocator gave its address to a
+    later activation, which must be counted, not taken for the parameter."""
+    base = t._base if t._base is not None else t
+    return not isinstance(base, torch.nn.Parameter)
+
+
 class _Packed:
     """What autograd keeps instead of a user's packed object that cannot be weakly referenced (a tuple),
     on a traced step only: its death tells that backward freed the saved tensor."""
@@ -238,12 +246,23 @@ class SavedTensorCounter:
     def unsharded_seen(self) -> bool:
         return bool(self._bytes[_UNSHARDED])
 
-    def unsharded_held_bytes(self) -> int:
-        """Bytes the unsharded parameters seen since the reset hold now (each storage once)."""
+    def unsharded_held_bytes(self, params: Iterable[torch.Tensor] = ()) -> int:
+        """Bytes the unsharded parameters seen since the reset hold now (each storage once), and those
+        among ``params`` (the model's, read as its modules hold them now) that are gathered: FSDP2
+        registers the all-gathered parameter on its module while unsharded, so a parameter that is not a
+        shard and not a known weight storage is a gathered copy — also one the forward did not save (an
+        embedding's weight: its backward keeps only the indices), which the root keeps into backward."""
         seen: set[int] = set()
         total = 0
-        for ref in list(self._unsharded.values()):
-            p = ref()
+        gathered: list[torch.Tensor] = []
+        if self._sharded:
+            gathered = [
+                p
+                for p in params
+                if not isinstance(getattr(p, "_local_tensor", None), torch.Tensor)
+                and storage_key(p) not in self._weight_keys
+            ]
+        for p in [*(ref() for ref in list(self._unsharded.values())), *gathered]:
             if p is None:
                 continue
             storage = p.untyped_storage()
@@ -296,6 +315,8 @@ class SavedTensorCounter:
                 if key in self._weight_keys:
                     return packed
                 known = self._kind.get(key)
+                if known == _UNSHARDED and _reused_after_reshard(t):
+                    known = None
                 if known is None:
                     if _in_backward():
                         return packed
@@ -320,6 +341,8 @@ class SavedTensorCounter:
             storage = p.untyped_storage()
             key = storage.data_ptr() or -id(p)
             known = self._kind.get(key)
+            if known == _UNSHARDED and _reused_after_reshard(p):
+                known = None
             if known is None:
                 known = self._first_seen(t, key, storage.nbytes(), kind)
             if self.track_alive and known in (_ACTIVATION, _COPY):
@@ -336,7 +359,7 @@ class SavedTensorCounter:
                 continue
             storage = t.untyped_storage()
             key = storage.data_ptr() or -id(t)
-            if key in self._weight_keys or key in self._kind:
+            if key in self._weight_keys or (key in self._kind and not self._stale(t, key)):
                 continue
             self._first_seen(t, key, storage.nbytes(), self._classify(t, key))
 
@@ -363,6 +386,9 @@ class SavedTensorCounter:
                     [getattr(node, "fwd_cpu_state", None), getattr(node, "fwd_gpu_states", None)]
                 )
             todo.extend(fn for fn, _ in node.next_functions)
+
+    def _stale(self, t: torch.Tensor, key: int) -> bool:
+        return self._kind.get(key) == _UNSHARDED and _reused_after_reshard(t)
 
     def _first_seen(self, t: torch.Tensor, key: int, nbytes: int, kind: int) -> int:
         self._kind[key] = kind

@@ -852,6 +852,7 @@ class Tracker:
                 acts = counter.activation_bytes
                 copies = counter.weight_copy_bytes
                 with self._guard(Feature.ACTIVATIONS):
+                    self._record_unsharded(rec)
                     counter.end_forward()
                 if not counter.active:
                     self._record_count(rec)
@@ -891,14 +892,21 @@ class Tracker:
         rec.weight_copies = max(rec.weight_copies, counter.weight_copy_bytes)
         rec.inputs = max(rec.inputs, counter.input_bytes)
         sums.activations, sums.weight_copies, sums.inputs = rec.activations, rec.weight_copies, rec.inputs
-        if counter.unsharded_seen:
-            held = counter.unsharded_held_bytes()
-            rec.unsharded = held if rec.unsharded is None else max(rec.unsharded, held)
-            sums.unsharded = rec.unsharded
         self._schedule.counted_step = rec.index
         if counter.weight_copy_dtype is not None and counter.weight_copy_dtype != self._autocast_dtype:
             self._autocast_dtype = counter.weight_copy_dtype
             self._hello_changed()
+
+    def _record_unsharded(self, rec: StepRecord) -> None:
+        """FSDP's gathered parameters still held as the forward returns (the root's, or every layer's
+        without reshard_after_forward): what stays allocated into backward. Read here, not when the window
+        closes — that may be after backward, once FSDP has resharded everything."""
+        counter = self._counter
+        if not counter.unsharded_seen:
+            return
+        held = counter.unsharded_held_bytes(self.model.parameters())
+        rec.unsharded = held if rec.unsharded is None else max(rec.unsharded, held)
+        self._sums.unsharded = rec.unsharded
 
     def _close_window(self, rec: StepRecord) -> None:
         """Close the counting window at the step's next boundary (a backward's end, the optimizer, the

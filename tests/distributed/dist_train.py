@@ -214,15 +214,28 @@ def train_llama(
     gen = torch.Generator().manual_seed(rank)
     losses = []
     out: Any = None
-    for _ in range(args.steps):
+    oracle: SavedOracle | None = None
+    gathered_after_forward = 0
+    for step in range(args.steps):
         x = torch.randint(100, 1001, (args.batch, SEQ_LEN), generator=gen)
         with tracker.step(samples=args.batch) if tracker is not None else contextlib.nullcontext():
             optimizer.zero_grad(set_to_none=True)
-            out = wrapped(input_ids=x, labels=x)
+            if step == args.steps - 1:  # the truth of what the step saves, counted by the test itself
+                oracle = SavedOracle(model, [x])
+                with torch.autograd.graph.saved_tensors_hooks(oracle.pack, oracle.unpack):
+                    out = wrapped(input_ids=x, labels=x)
+                # what FSDP keeps gathered from the forward into backward (the root's parameters)
+                gathered_after_forward = unsharded_now(model) if args.mode == "fsdp2" else 0
+            else:
+                out = wrapped(input_ids=x, labels=x)
             out.loss.backward()
             optimizer.step()
         losses.append(float(out.loss.detach()))
     facts = truth(model, optimizer, ddp)
+    assert oracle is not None
+    facts["activations"] = sum(oracle.storages.values())
+    facts["unsharded_after_forward"] = gathered_after_forward
+    facts["gathered_saved"] = sum(oracle.gathered.values())
     facts.update(rank=rank, pid=os.getpid(), losses=losses)
     return finish(args, facts, tracker)
 

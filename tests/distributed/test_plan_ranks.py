@@ -14,7 +14,7 @@ import pytest
 
 from anatomy.vocabulary import Component
 from tests.distributed.dist_train import CONFIG_DIR, SEQ_LEN
-from tests.distributed.test_torchrun import NPROC, Job, run_job
+from tests.distributed.test_torchrun import NPROC, STEPS, Job, run_job
 
 pytestmark = pytest.mark.slow
 
@@ -80,3 +80,35 @@ def test_ddp_plan_for_rank_0_matches_what_it_published(llama_jobs: dict[str, Job
     assert snap is not None
     buckets = snap.memory[Component.COMMUNICATION_BUFFERS.value]
     assert plan.components[Component.COMMUNICATION_BUFFERS] == buckets == job.truths[0]["ddp_buckets"]
+
+
+def test_fsdp2_llama_ranks_publish_the_activations_and_gathered_parameters_they_hold(
+    llama_jobs: dict[str, Job],
+) -> None:
+    """Against the rank's own count (dist_train.py): the storages its forward saved for backward, seen by a
+    user's saved_tensors_hooks, and the gathered parameters FSDP2 still holds as the forward returns (the
+    root's: embedding, final norm, head — the embedding's weight is not among what the forward saves).
+    FSDP frees each layer's gathered parameters after its forward and the allocator hands their addresses
+    to later activations: those must count as activations. The steps before the last (counted by the hook
+    without a user's hooks, whose forward window stays open for the loss) are checked in the flight
+    record: the same figures, every step having the same shapes."""
+    from anatomy.runs import read_run
+
+    job = llama_jobs["fsdp2"]
+    assert job.records is not None
+    for rank, truth in job.truths.items():
+        snap = job.published[rank].snapshot
+        assert snap is not None and snap.at_peak is not None
+        assert truth["unsharded_after_forward"] > 0 and truth["activations"] > 0
+        assert snap.memory[Component.ACTIVATIONS.value] == truth["activations"], rank
+        assert snap.memory[Component.UNSHARDED_PARAMETERS.value] == truth["unsharded_after_forward"], rank
+        assert snap.at_peak[Component.UNSHARDED_PARAMETERS.value] == truth["unsharded_after_forward"], rank
+        (path,) = [p for p in job.records.rglob("*") if p.is_file() and f"-r{rank}-" in p.name]
+        earlier = [s for s in read_run(path).snapshots if s.step < STEPS - 1]
+        assert earlier, "no snapshot of the steps counted without the user's hooks"
+        for s in earlier:
+            assert s.memory[Component.ACTIVATIONS.value] == truth["activations"], (rank, s.step)
+            assert s.memory[Component.UNSHARDED_PARAMETERS.value] == truth["unsharded_after_forward"], (
+                rank,
+                s.step,
+            )
