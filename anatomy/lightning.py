@@ -34,6 +34,7 @@ import torch
 from anatomy.hook.lightning_logs import log_snapshot
 from anatomy.hook.schedule import SAMPLE_EVERY
 from anatomy.hook.tracker import Tracker, hook_disabled, track
+from anatomy.recorder import RecordSetting
 
 log = logging.getLogger("anatomy")
 
@@ -88,6 +89,7 @@ class _AnatomyCallback:
         sample_every: int = SAMPLE_EVERY,
         directory: Path | None = None,
         log: bool = True,
+        record: RecordSetting = None,
     ) -> None:
         super().__init__()
         self.publish = publish
@@ -97,6 +99,9 @@ class _AnatomyCallback:
         self.interval_s = interval_s
         self.sample_every = sample_every
         self.directory = directory
+        # The flight recorder, as ``anatomy.track(record=...)``: None as ANATOMY_TOP_RECORD says, False off,
+        # a path: that directory.
+        self.record = record
         self.tracker: Tracker | None = None
         self._in_batch = False
 
@@ -130,6 +135,7 @@ class _AnatomyCallback:
                 sample_every=self.sample_every,
                 grad_accum_steps=int(getattr(trainer, "accumulate_grad_batches", 1) or 1),
                 directory=self.directory,
+                record=self.record,
             )
         elif optimizers:
             tracker.attach_optimizer(optimizers[0])

@@ -33,6 +33,7 @@ from anatomy.hook.schedule import SAMPLE_EVERY
 from anatomy.hook.tensors import dominant_dtype
 from anatomy.hook.tracker import Tracker, hook_disabled, track
 from anatomy.protocol import Snapshot
+from anatomy.recorder import RecordSetting
 
 log = logging.getLogger("anatomy")
 
@@ -84,12 +85,16 @@ class AnatomyCallback(TrainerCallback):
         sample_every: int = SAMPLE_EVERY,
         directory: Path | None = None,
         log: bool = True,
+        record: RecordSetting = None,
     ) -> None:
         self.publish = publish
         self.log_to_loggers = log  # the same name as the Lightning callback's (where ``log`` is Lightning's)
         self.interval_s = interval_s
         self.sample_every = sample_every
         self.directory = directory
+        # The flight recorder, as ``anatomy.track(record=...)``: None as ANATOMY_TOP_RECORD says, False off,
+        # a path: that directory.
+        self.record = record
         self.tracker: Tracker | None = None
         self._wrapped_train = False
 
@@ -173,6 +178,7 @@ class AnatomyCallback(TrainerCallback):
                 sample_every=self.sample_every,
                 grad_accum_steps=int(getattr(args, "gradient_accumulation_steps", 1) or 1),
                 directory=self.directory,
+                record=self.record,
             )
         else:
             self.tracker.attach_optimizer(optimizer)

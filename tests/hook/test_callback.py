@@ -189,3 +189,32 @@ def test_trainer_disabled_by_environment(
     assert callback.tracker is not None and not callback.tracker.enabled
     assert not model._forward_pre_hooks
     assert not runtime_dir.exists() or not list(runtime_dir.iterdir())
+
+
+@pytest.mark.parametrize("record", ["here", False])
+def test_trainer_callback_records_where_told(
+    hk: SimpleNamespace, tmp_path: Path, runtime_dir: Path, record: str | bool
+) -> None:
+    """``AnatomyCallback(record=...)`` as ``anatomy.track(record=...)``: a directory gets the run's flight
+    record, readable by ``anatomy.runs`` (one row per optimizer update the Trainer counted); False records
+    nothing, though recording is on by default (ANATOMY_TOP_RECORD unset)."""
+    from anatomy.recorder import default_dir
+    from anatomy.runs import list_runs, record_files
+
+    where = tmp_path / "records"
+    model = hk.small_bert(vocab=30522)
+    callback = anatomy.AnatomyCallback(interval_s=0.01, record=where if record == "here" else False)
+    trainer = _trainer(model, tmp_path, 3, callback)
+    trainer.train()
+    assert callback.tracker is not None and callback.tracker.closed
+    assert record_files(default_dir()) == []  # never the default place
+    if record is False:
+        assert not where.exists() or record_files(where) == []
+        return
+    (group,) = list_runs(where, snapshots=True)
+    (run,) = group.runs
+    assert run.pid == os.getpid() and run.model_class == "BertForSequenceClassification"
+    assert group.ended == "finished"
+    assert [r.step for r in run.rows] == list(range(trainer.state.global_step))
+    latest = callback.tracker.latest
+    assert latest is not None and run.snapshots[-1] == latest

@@ -302,3 +302,31 @@ print(isinstance(cb, ptl.Callback), len(updates), [(s.step, s.grad_accum_steps) 
     )
     assert out.returncode == 0, out.stderr[-3000:]
     assert out.stdout.strip().splitlines()[-1] == "True 3 [(0, 2), (1, 2), (2, 2)] True"
+
+
+@pytest.mark.parametrize("record", ["here", False])
+def test_the_callback_records_where_told(
+    st: SimpleNamespace, published: list[Any], tmp_path: Path, record: str | bool
+) -> None:
+    """``AnatomyCallback(record=...)`` as ``anatomy.track(record=...)``: a directory gets the fit's flight
+    record, readable by ``anatomy.runs`` (one row per optimizer update the process counted); False records
+    nothing, though recording is on by default (ANATOMY_TOP_RECORD unset)."""
+    from anatomy.lightning import AnatomyCallback
+    from anatomy.recorder import default_dir
+    from anatomy.runs import list_runs, record_files
+
+    where = tmp_path / "records"
+    truth_cb = _TruthCallback(st)
+    callback = AnatomyCallback(interval_s=0.01, record=where if record == "here" else False)
+    _fit(Regressor(), [truth_cb, callback], tmp_path)
+    truth_cb.truth.close()
+    assert callback.tracker is not None and callback.tracker.closed
+    assert published and record_files(default_dir()) == []  # it published; never the default place
+    if record is False:
+        assert not where.exists() or record_files(where) == []
+        return
+    (group,) = list_runs(where, snapshots=True)
+    (run,) = group.runs
+    assert run.pid == os.getpid() and run.model_class == "Regressor" and group.ended == "finished"
+    assert [r.step for r in run.rows] == list(range(truth_cb.truth.updates)) == list(range(BATCHES))
+    assert run.snapshots[-1] == published[-1]
