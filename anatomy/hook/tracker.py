@@ -987,10 +987,14 @@ class Tracker:
             rec.in_optimizer = True
             if self._guard.ok(Feature.TIMING):
                 rec.clock.mark(OPTIMIZER_PRE)
-            if rec.grads is not None and self._refresh_due(rec.index) and self._guard.ok(Feature.GRADIENTS):
+            # Under ZeRO this is the Trainer's on_pre_optimizer_step after the engine's update (inside its
+            # backward): DeepSpeed's buffers are empty now and param.grad never set — the gradients measured
+            # as its step began stand (re-summing here left 0 as the figure of later, unmeasured steps).
+            refresh = rec.grads is not None and self._zero_ref is None and self._refresh_due(rec.index)
+            if refresh and self._guard.ok(Feature.GRADIENTS):
                 with self._guard(Feature.GRADIENTS):  # gradients at their largest over the step's updates
                     self._sums.gradients = gradient_bytes(self.model)
-                    rec.grads = max(rec.grads, self._sums.gradients)
+                    rec.grads = max(rec.grads or 0, self._sums.gradients)
             return
         self._close_window(rec)
         with self._guard(Feature.OPTIMIZER):

@@ -54,10 +54,10 @@ def optimizer(net: torch.nn.Module) -> torch.optim.Optimizer:
     return torch.optim.AdamW([{"params": decay, "weight_decay": 0.01}, {"params": rest, "weight_decay": 0.0}])
 
 
-def config(stage: int, dtype: str) -> dict[str, Any]:
+def config(stage: int, dtype: str, accum: int = 1) -> dict[str, Any]:
     cfg: dict[str, Any] = {
         "train_micro_batch_size_per_gpu": BATCH,
-        "gradient_accumulation_steps": 1,
+        "gradient_accumulation_steps": accum,
         "zero_allow_untested_optimizer": True,
         "zero_optimization": {"stage": stage},
         "steps_per_print": 10**9,
@@ -111,17 +111,20 @@ def gradients_now(zopt: Any, stage: int) -> int:
     return storages(flat(zopt.averaged_gradients))
 
 
-def run(stage: int, dtype: str, hooked: bool) -> dict[str, Any]:
+def run(stage: int, dtype: str, hooked: bool, accum: int = 1) -> dict[str, Any]:
+    """STEPS optimizer updates of ``accum`` micro-batches each: ``engine.backward``/``engine.step`` and the
+    tracker's step around every micro-batch (DeepSpeed updates on the last one of each ``accum``)."""
     net = model()
     engine, zopt, _, _ = deepspeed.initialize(
-        model=net, optimizer=optimizer(net), config=config(stage, dtype)
+        model=net, optimizer=optimizer(net), config=config(stage, dtype, accum)
     )
     tracker = anatomy.track(engine.module, engine.optimizer, publish=False) if hooked else None
     dt = torch.bfloat16 if dtype == "bf16" else torch.float32
     gen = torch.Generator().manual_seed(1)
     losses: list[float] = []
     grads: list[int] = []
-    for _ in range(STEPS):
+    updates = 0
+    for _ in range(STEPS * accum):
         x = torch.randn(BATCH, HIDDEN, generator=gen).to(dt)
         y = torch.randn(BATCH, HIDDEN, generator=gen).to(dt)
         ctx = tracker.step(samples=BATCH) if tracker is not None else None
@@ -129,7 +132,9 @@ def run(stage: int, dtype: str, hooked: bool) -> dict[str, Any]:
             ctx.__enter__()
         loss = torch.nn.functional.mse_loss(engine(x), y)
         engine.backward(loss)
-        grads.append(gradients_now(zopt, stage))
+        if engine.is_gradient_accumulation_boundary():  # the ZeRO optimizer steps in this engine.step()
+            grads.append(gradients_now(zopt, stage))
+            updates += 1
         engine.step()
         if ctx is not None:
             ctx.__exit__(None, None, None)
@@ -143,6 +148,9 @@ def run(stage: int, dtype: str, hooked: bool) -> dict[str, Any]:
             hook=snap.memory,
             expected=snap.expected_bytes_per_param,
             steps=snap.step + 1,
+            updates=updates,
+            micro_batches=snap.grad_accum_steps,
+            accum=accum,
             error=snap.error,
             parameter_count=hello.parameter_count,
             precision=hello.precision,
@@ -162,7 +170,7 @@ def run(stage: int, dtype: str, hooked: bool) -> dict[str, Any]:
     return out
 
 
-def trainer_run(stage: int, dtype: str, hooked: bool) -> dict[str, Any]:
+def trainer_run(stage: int, dtype: str, hooked: bool, accum: int = 1) -> dict[str, Any]:
     """The Hugging Face Trainer with ``TrainingArguments(deepspeed=config)`` and a tiny Llama from a config.
     An independent count, taken by a callback listed before the AnatomyCallback, wraps the ZeRO optimizer's
     ``step`` (so the hook's wrapper calls it): DeepSpeed's gradient buffers as the step begins."""
@@ -182,7 +190,7 @@ def trainer_run(stage: int, dtype: str, hooked: bool) -> dict[str, Any]:
             self.zopt = zopt
             step = zopt.step
 
-            def counted(*a: Any, **k: Any) -> Any:
+            def counted(*a: Any, **k: Any) -> Any:  # once per update: the ZeRO optimizer's step
                 self.grads.append(gradients_now(zopt, stage))
                 return step(*a, **k)
 
@@ -218,6 +226,7 @@ def trainer_run(stage: int, dtype: str, hooked: bool) -> dict[str, Any]:
         args = TrainingArguments(
             output_dir=out,
             per_device_train_batch_size=BATCH,
+            gradient_accumulation_steps=accum,
             max_steps=STEPS,
             logging_steps=1,
             save_strategy="no",
@@ -241,6 +250,10 @@ def trainer_run(stage: int, dtype: str, hooked: bool) -> dict[str, Any]:
         result.update(
             hook=snap.memory,
             steps=snap.step + 1,
+            updates=len(count.grads),
+            micro_batches=snap.grad_accum_steps,
+            accum=accum,
+            global_step=trainer.state.global_step,
             error=snap.error,
             precision=tracker.hello.precision,
             independent=independent(zopt, stage, trainer.model),
@@ -260,10 +273,11 @@ def main(argv: list[str]) -> None:
     results: dict[str, Any] = {}
     for stage_arg, dtype in zip(argv[::2], argv[1::2], strict=True):
         trainer = stage_arg.startswith("trainer")
-        stage = int(stage_arg.removeprefix("trainer"))
+        accum = 2 if stage_arg.endswith("ga") else 1  # "2ga": stage 2, two micro-batches per update
+        stage = int(stage_arg.removeprefix("trainer").removesuffix("ga"))
         fn = trainer_run if trainer else run
-        plain = fn(stage, dtype, hooked=False)
-        hooked = fn(stage, dtype, hooked=True)
+        plain = fn(stage, dtype, hooked=False, accum=accum)
+        hooked = fn(stage, dtype, hooked=True, accum=accum)
         key = f"{stage_arg}-{dtype}"
         if torch.distributed.get_world_size() > 1:  # under torchrun: one result per rank
             key += f"@{torch.distributed.get_rank()}"

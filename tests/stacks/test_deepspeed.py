@@ -3,8 +3,10 @@ independent count of DeepSpeed's own tensors made in the training process (tests
 and the losses with and without the hook.
 
 Three training jobs run side by side: ``deepspeed.initialize`` with stage 1 in bf16, stage 2 in fp32 and
-stage 3 in bf16 (a torch AdamW with two parameter groups); the Hugging Face Trainer with
-``TrainingArguments(deepspeed=config)`` at stage 2 in bf16 (tiny Llama from a config); and stage 3 in bf16 on
+stage 3 in bf16 (a torch AdamW with two parameter groups), and stage 2 in bf16 with DeepSpeed's
+``gradient_accumulation_steps=2``; the Hugging Face Trainer with ``TrainingArguments(deepspeed=config)`` at
+stage 2 in bf16 (tiny Llama from a config), without and with ``gradient_accumulation_steps=2``; and stage 3 in
+bf16 on
 two ranks under torchrun (partitioned parameters, all-gathered for the forward). Each starts with an
 empty ``TORCH_EXTENSIONS_DIR``: nothing depends on a JIT-built DeepSpeed op.
 """
@@ -27,8 +29,9 @@ from anatomy.hook import zero as zero_opt
 
 ROOT = Path(__file__).resolve().parents[2]
 WORKER = Path(__file__).with_name("deepspeed_train.py")
-INITIALIZE = ["1-bf16", "2-fp32", "3-bf16"]
-TRAINER = ["trainer2-bf16"]
+# "2ga": stage 2 with gradient_accumulation_steps=2 (the tracker's step around every micro-batch)
+INITIALIZE = ["1-bf16", "2-fp32", "3-bf16", "2ga-bf16"]
+TRAINER = ["trainer2-bf16", "trainer2ga-bf16"]
 RANKS = ["3-bf16"]  # under torchrun, two ranks
 ADAMW_BYTES = 8.0  # the guide's AdamW states per parameter
 MASTER_BYTES = 4.0  # the guide's fp32 master copy per parameter
@@ -98,7 +101,8 @@ ALL = INITIALIZE + TRAINER + [f"{k}@{r}" for k in RANKS for r in (0, 1)]
 @pytest.mark.parametrize("key", ALL)
 def test_losses_identical_with_and_without_the_hook(deepspeed_runs: dict[str, Any], key: str) -> None:
     run = deepspeed_runs[key]
-    assert len(run["losses"]) == 4
+    # one loss per micro-batch with deepspeed.initialize, one per logged update with the Trainer
+    assert len(run["losses"]) == 4 * (1 if key.startswith("trainer") else run["accum"])
     assert run["losses"] == run["plain_losses"]
 
 
@@ -171,6 +175,26 @@ def test_reduction_buckets_are_named_where_they_stay(deepspeed_runs: dict[str, A
         assert run["independent"]["buckets"] == 0
         assert hook["communication_buffers"] is None
         assert hook["temporaries"] >= run.get("reduce_bucket_bytes", 10**9)
+
+
+@pytest.mark.parametrize("key", ["2ga-bf16", "trainer2ga-bf16"])
+def test_gradient_accumulation_publishes_one_step_per_update(
+    deepspeed_runs: dict[str, Any], key: str
+) -> None:
+    """DeepSpeed's gradient_accumulation_steps=2: the ZeRO optimizer steps on every second micro-batch. The
+    published steps are its updates (counted in the training process: engine boundaries, or calls of the
+    ZeRO optimizer's step under the Trainer), grad_accum_steps the micro-batches of one; the gradients
+    (DeepSpeed's buffers as its step begins) and optimizer states stay exact on every step's figure —
+    also on a step the hook does not re-sum (the Trainer's on_pre_optimizer_step comes after the engine's
+    update there: its buffers are empty then)."""
+    run = deepspeed_runs[key]
+    assert run["accum"] == 2 and run["error"] is None
+    assert run["updates"] == 4 and run["steps"] == run["updates"]
+    if key.startswith("trainer"):
+        assert run["global_step"] == run["updates"]
+    assert run["micro_batches"] == 2
+    assert run["gradients"] > 0 and run["hook"]["gradients"] == run["gradients"]
+    assert run["hook"]["optimizer_states"] == run["independent"]["optimizer_states"]
 
 
 def test_the_trainer_run_steps_two_parameter_groups(deepspeed_runs: dict[str, Any]) -> None:
