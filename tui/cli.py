@@ -89,7 +89,7 @@ class _Options:
         self.interval = DEFAULT_INTERVAL
         self.only = self.user = self.pid = None  # no filter flags on this path
         self.process_filter = None
-
+        self.replay = None  # --replay goes through the parser
 
 def interval_seconds(text: str) -> float:
     """argparse type for --interval: a finite number of seconds within [MIN_INTERVAL, MAX_INTERVAL]."""

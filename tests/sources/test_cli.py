@@ -188,16 +188,19 @@ def test_version(capsys: pytest.CaptureFixture[str]) -> None:
 
 def test_plan_passes_its_argv_through(monkeypatch: pytest.MonkeyPatch) -> None:
     seen: list[list[str]] = []
+    leans: list[bool] = []
     fake = ModuleType("anatomy.plan_cli")
 
-    def plan_main(argv: list[str]) -> int:
+    def plan_main(argv: list[str], lean: bool = False) -> int:
         seen.append(argv)
+        leans.append(lean)
         return 3
 
     fake.main = plan_main  # type: ignore[attr-defined]
     monkeypatch.setitem(sys.modules, "anatomy.plan_cli", fake)
     assert cli.main(["plan", "--model", "bert-base", "--once", "--json"]) == 3
     assert seen == [["--model", "bert-base", "--once", "--json"]]
+    assert leans == [True]  # the command's own process may import lean (anatomy.plan.lean)
 
 
 def test_monitor_gets_the_parsed_options(monkeypatch: pytest.MonkeyPatch) -> None:
