@@ -14,6 +14,9 @@ worker computes at a time. Separate processes, not three models in one: the hook
 collections, its publisher thread, its heap reads and its process-global state then fall on its own process
 only, as in a user's job, and "GC collections per 1,000 steps" is a per-process count. Warm-up steps are
 excluded from every figure but the first-step extras; torch runs on one thread (steadier on a shared box).
+One thing this shape understates: the publisher thread's work (about two sends a second) can run while the
+hooked worker waits for its turn, where in a real run it would take the GIL from training now and then — so
+the whole process's CPU time, every thread, is printed too.
 
 A step's time is what a user's own timer sees: from the worker's release to the point where the next step
 would begin — around ``with tracker.step()`` for the plain loop; for the Hugging Face Trainer and Lightning,
