@@ -27,7 +27,8 @@ Printed per configuration, and as JSON with ``--json``:
 
 - **extra per unsampled step**: median over rounds of (hooked − plain), on rounds whose hooked step is not
   a sampled one (by the schedule's rule: step 1 and one in ``SAMPLE_EVERY``), with the interquartile range
-  over rounds; beside it the same for the control;
+  over rounds; beside it the same for the control; and the same in the training thread's CPU time (what the
+  hook adds to the thread, without the waits for a CPU that a loaded machine adds to wall-clock times);
 - **all-in**, two ways: *measured* — every measured step, sampled ones included, Σ hooked / Σ plain over
   the run (only as complete as the run is long: a trace runs one step in ``SAMPLE_EVERY * TRACE_EVERY``);
   and *amortized* (the summary's figure) — Σ hooked / Σ plain over the unsampled rounds (so the work done
@@ -39,7 +40,8 @@ Printed per configuration, and as JSON with ``--json``:
 - first-step extras: step 0 (first sums, counts, heap reads) and step 1 (the op-group profiler and the per-op
   memory trace), hooked − plain;
 - gc collections per 1,000 steps per generation (``gc.callbacks`` in each worker, over the measured span);
-- the whole process's CPU time (every thread: the publisher's too), hooked / plain.
+- the whole process's CPU time over the measured steps (every thread: the publisher's too), hooked / plain:
+  an all-in ratio that a loaded machine hardly moves.
 
 Usage:
   python benchmarks/bench_hook_sweep.py --quick                  # ~2 minutes
@@ -563,6 +565,10 @@ def run_config(config: Config, args: argparse.Namespace, log: Callable[[str], No
 
     extra = diffs("hooked", unsampled)
     noise = diffs("control", unsampled)
+    # The training thread's CPU time: what the hook adds to the thread, without the waits for a CPU that a
+    # loaded machine puts into wall-clock times (a far steadier figure on a shared box).
+    extra_cpu = [cpu["hooked"][k] - cpu["plain"][k] for k in unsampled]
+    noise_cpu = [cpu["control"][k] - cpu["plain"][k] for k in unsampled]
     first = {
         f"step{i}_extra_ms": (warm["hooked"][i] - warm["plain"][i]) * 1e3
         if len(warm["plain"]) > i
@@ -625,6 +631,9 @@ def run_config(config: Config, args: argparse.Namespace, log: Callable[[str], No
         "extra_unsampled_iqr_us": [v * 1e6 for v in _iqr(extra)],
         "control_unsampled_us": statistics.median(noise) * 1e6 if noise else math.nan,
         "control_unsampled_iqr_us": [v * 1e6 for v in _iqr(noise)],
+        "extra_unsampled_cpu_us": statistics.median(extra_cpu) * 1e6 if extra_cpu else math.nan,
+        "extra_unsampled_cpu_iqr_us": [v * 1e6 for v in _iqr(extra_cpu)],
+        "control_unsampled_cpu_us": statistics.median(noise_cpu) * 1e6 if noise_cpu else math.nan,
         "all_in_amortized": all_in_amortized,
         "all_in_amortized_upper_bound": upper,
         "control_all_in_amortized": _ratio_of_sums([control[k] for k in unsampled], plain_unsampled),
@@ -658,7 +667,12 @@ def _print_config(res: dict[str, Any], log: Callable[[str], None]) -> None:
     )
     log("  step median      : " + " | ".join(f"{arm} {a[arm]['median_ms']:.3f} ms" for arm in ARMS))
     log(
-        f"  unsampled extra  : {res['extra_unsampled_us']:+.1f} µs (IQR {lo:+.1f}..{hi:+.1f})   "
+        f"  unsampled CPU    : training thread {res['extra_unsampled_cpu_us']:+.1f} µs "
+        f"(IQR {res['extra_unsampled_cpu_iqr_us'][0]:+.1f}..{res['extra_unsampled_cpu_iqr_us'][1]:+.1f}, "
+        f"A/A {res['control_unsampled_cpu_us']:+.1f} µs)"
+    )
+    log(
+        f"  unsampled extra  : wall {res['extra_unsampled_us']:+.1f} µs (IQR {lo:+.1f}..{hi:+.1f})   "
         f"A/A {res['control_unsampled_us']:+.1f} µs (IQR {clo:+.1f}..{chi:+.1f})"
     )
     log(
@@ -696,9 +710,13 @@ SUMMARY_COLUMNS = (
     "step",
     "extra per unsampled step",
     "A/A",
+    "extra, thread CPU",
+    "A/A CPU",
     "all-in",
     "A/A all-in",
     "all-in measured",
+    "all-in process CPU",
+    "A/A process CPU",
     "p99 hooked/plain",
     "max hooked/plain",
     "first-step extra",
@@ -720,9 +738,13 @@ def summary_table(results: Sequence[dict[str, Any]]) -> list[str]:
             f"{res['step_ms']:.2f} ms",
             f"{res['extra_unsampled_us']:+.0f} µs ({lo:+.0f}..{hi:+.0f})",
             f"{res['control_unsampled_us']:+.0f} µs",
+            f"{res['extra_unsampled_cpu_us']:+.0f} µs",
+            f"{res['control_unsampled_cpu_us']:+.0f} µs",
             f"{bound}{res['all_in_amortized']:.3f}x",
             f"{res['control_all_in_amortized']:.3f}x",
             f"{res['all_in_measured']:.3f}x",
+            f"{res['process_cpu_ratio']:.3f}x",
+            f"{res['control_process_cpu_ratio']:.3f}x",
             f"{a['hooked']['p99_ms']:.2f}/{a['plain']['p99_ms']:.2f} ms",
             f"{a['hooked']['max_ms']:.2f}/{a['plain']['max_ms']:.2f} ms",
             f"{res['step1_extra_ms']:+.1f} ms",

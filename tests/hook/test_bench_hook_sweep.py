@@ -69,6 +69,7 @@ def test_smallest_configuration_prints_every_column(tmp_path: Path) -> None:
     block = [line.strip() for line in proc.stdout.splitlines() if line.startswith("  ")]
     for label in (
         "step median",
+        "unsampled CPU",
         "unsampled extra",
         "all-in amortized",
         "all-in measured",
@@ -90,6 +91,8 @@ def test_smallest_configuration_prints_every_column(tmp_path: Path) -> None:
             "step_ms",
             "extra_unsampled_us",
             "control_unsampled_us",
+            "extra_unsampled_cpu_us",
+            "control_unsampled_cpu_us",
             "all_in_amortized",
             "control_all_in_amortized",
             "all_in_measured",
