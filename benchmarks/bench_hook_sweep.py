@@ -345,6 +345,10 @@ def worker(conn: Connection, config: Config, arm: str, directory: str, threads: 
     import torch
 
     torch.set_num_threads(threads)
+    # A forked child shares the server's pages until it writes them, and a full collection writes every
+    # object's gc header: the first one in a measured step would copy the whole inherited heap (~1 s seen)
+    # where a freshly started process pays nothing of the kind. Pay it here, before anything is timed.
+    gc.collect()
     gate = Gate(conn)
     try:
         # the frameworks' own prints (the Trainer's final metrics) stay out of the benchmark's output
