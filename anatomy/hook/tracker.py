@@ -1060,8 +1060,8 @@ class Tracker:
                 rec.clock.mark(OPTIMIZER_PRE)
             if rec.grads is not None and self._refresh_due(rec.index) and self._guard.ok(Feature.GRADIENTS):
                 with self._guard(Feature.GRADIENTS):  # gradients at their largest over the step's updates
-                    self._sums.gradients = gradient_bytes(self.model)
-                    rec.grads = max(rec.grads, self._sums.gradients)
+                    # (ZeRO's own buffers too: param.grad alone would make the standing figure 0 there)
+                    rec.grads = self._sums.gradients = max(rec.grads, self._gradient_bytes())
             return
         self._close_window(rec)
         with self._guard(Feature.OPTIMIZER):
