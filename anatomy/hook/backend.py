@@ -9,6 +9,7 @@ step into a :class:`PeakSplit`.
 from __future__ import annotations
 
 from collections.abc import Callable
+from time import perf_counter
 
 from anatomy.hook.cuda import CudaAllocator, CudaStats
 from anatomy.hook.guard import Feature, Guard
@@ -42,6 +43,7 @@ class HeapBackend:
         self.traced: Traced | None = None
         self.history: HeapHistory | None = None  # the last step that read the heap
         self.runtime: int | None = None  # the heap in use before the first step beyond the model
+        self.spent_s = 0.0  # time spent reading the heap at boundaries
         if not heap.available:
             guard.turn_off(Feature.HEAP)
 
@@ -49,8 +51,16 @@ class HeapBackend:
         if not self._guard.ok(Feature.HEAP):
             return None
         with self._guard(Feature.HEAP):
-            return self.heap.in_use()
+            began = perf_counter()
+            now = self.heap.in_use()
+            self.spent_s += perf_counter() - began  # mallinfo2 walks the arenas: ~0.1-1 ms on a big heap
+            return now
         return None
+
+    def take_spent(self) -> float:
+        """Seconds spent reading since the last call (for the schedule's budget)."""
+        spent, self.spent_s = self.spent_s, 0.0
+        return spent
 
     def read_start(self, rec: StepRecord) -> None:
         if not rec.heap_on:
@@ -148,12 +158,16 @@ class CudaBackend:
         self.runtime: int | None = None  # CUDA: the context is NVML's figure (the monitor's)
         self.known: KnownGrowth | None = None
         self._last_stats: CudaStats | None = None  # a full statistics read, only for a snapshot
+        self.last_peak: tuple[int, Phase, int] | None = None  # the last snapshot's (peak, phase, step)
 
     def read_start(self, rec: StepRecord) -> None:
         return None
 
     def read(self, rec: StepRecord, phase: Phase, explained: int, held: Held) -> None:
         return None
+
+    def take_spent(self) -> float:
+        return 0.0  # a boundary reading is a host-side counter (no walk)
 
     def phase_ends(self, rec: StepRecord, next_phase: Phase) -> None:
         if not self._guard.ok(Feature.CUDA):
@@ -185,7 +199,7 @@ class CudaBackend:
     def trace_start(self, rec: StepRecord) -> int | None:
         return rec.cuda_start
 
-    def _step_peak(self, rec: StepRecord, start: int) -> tuple[int, Phase, int]:
+    def step_peak(self, rec: StepRecord, start: int) -> tuple[int, Phase, int]:
         """The step's peak, its phase, and the step that measured it exactly."""
         exact = [p for p in rec.cuda_peaks if p.exact]
         traced = self.traced
@@ -209,7 +223,7 @@ class CudaBackend:
         start = rec.cuda_start
         if start is None or not rec.cuda_peaks or not self._guard.ok(Feature.CUDA):
             return None
-        peak, phase, at_peak_step = self._step_peak(rec, start)
+        peak, phase, at_peak_step = self.last_peak = self.step_peak(rec, start)
         traced = self.traced
         if traced is not None and traced.phase is phase:
             held, at_peak_step = traced.held, traced.step

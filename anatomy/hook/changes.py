@@ -3,7 +3,8 @@
 A model's parameters change by assignment (an untied or resized head, a new embedding module: torch's
 parameter and module registration hooks fire, and the watch only notes whether the module is one of the
 model's), by ``.to()`` (new storages: the tracker compares one parameter's data pointer every step), or
-in ways no hook sees (the signature is compared once per publish interval). An optimizer re-created
+in ways no hook sees (``p.data = ...``, ``requires_grad_()``: the signature is compared at most once per
+publish interval, within the schedule's time budget — never a walk on every step). An optimizer re-created
 without telling the tracker is found at its first step (a step pre-hook for every optimizer: an identity
 check, and a one-time look at its parameters). Nothing here holds a reference that keeps a user's
 object alive.
@@ -33,6 +34,18 @@ def model_signature(model: torch.nn.Module) -> Signature:
     )
 
 
+def same_signature(model: torch.nn.Module, signature: Signature) -> bool:
+    """``model_signature(model) == signature``, compared parameter by parameter: no new signature is
+    built (a tuple per parameter all alive at once would be garbage enough to trigger collections)."""
+    n = len(signature)
+    i = 0
+    for p in model.parameters():
+        if i >= n or signature[i] != (id(p), storage_key(p), tuple(p.shape), p.dtype, p.requires_grad):
+            return False
+        i += 1
+    return i == n
+
+
 class ModelWatch:
     def __init__(self, model: torch.nn.Module) -> None:
         self._module_ids: frozenset[int] = frozenset()
@@ -59,7 +72,7 @@ class ModelWatch:
         if not (self._suspect or look):
             return False
         self._suspect = False
-        return model_signature(model) != self.signature
+        return not same_signature(model, self.signature)
 
     def close(self) -> None:
         for h in self._handles:

@@ -70,6 +70,7 @@ class Guard:
         self._errors: dict[Feature, str] = {}
         self._off: set[Feature] = set()
         self._sections = {f: _Section(self, f) for f in Feature}
+        self.version = 0  # counts changes to what is off and why (a snapshot's error text)
 
     def __call__(self, feature: Feature) -> _Section:
         return self._sections[feature]
@@ -94,6 +95,7 @@ class Guard:
     def fail(self, feature: Feature, exc: BaseException) -> None:
         """Log once per feature, remember why, and stop measuring it."""
         self._off.add(feature)
+        self.version += 1
         if feature in self._errors:
             return
         text = f"{feature.value}: {type(exc).__name__}: {exc}"
@@ -110,6 +112,7 @@ class Guard:
         """Stop measuring ``feature`` without an exception (unavailable here); ``reason`` goes to the
         snapshot's error text."""
         self._off.add(feature)
+        self.version += 1
         if reason is not None:
             self._errors.setdefault(feature, f"{feature.value}: {reason}"[:MAX_TEXT])
 

@@ -127,6 +127,7 @@ class StepRecord:
     trace: MemoryTrace | None = None
     grad_watch: GradientWatcher | None = None
     profiled: bool = False
+    began_s: float = 0.0  # a sampled step's start (perf_counter), for the budget
     # hook state
     in_forward: int = 0
     counting: bool = False

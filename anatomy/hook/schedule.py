@@ -12,23 +12,68 @@
 
 "About once per publish interval" is counted in steps of the run's median duration, so time spent
 outside steps (evaluation, checkpointing) does not make the per-interval work more frequent.
+
+All of that optional work also answers to a time budget (:class:`Budget`): the hook measures what each
+kind of work costs it (saved-tensor counting, heap reads, the model-signature walk, re-sums, sampled
+steps) and runs the per-interval kinds only while the total stays within ``BUDGET_FRACTION`` of the
+training thread's wall time since the tracker started. A model whose count costs more is counted less
+often; what must run (the first steps, a shape change, a change the hooks saw) runs regardless and is
+charged too. A figure not re-measured on a step stands with the step it was measured on
+(``at_peak_step``, ``op_groups_step``).
 """
 
 from __future__ import annotations
 
 import statistics
+import time
 from collections import deque
+from collections.abc import Callable
 
 SAMPLE_EVERY = 100  # the op-group profiler runs on one step in this many (after the second step)
 TRACE_EVERY = 5  # the per-op memory trace runs on one sampled step in this many
 WARMUP_REFRESH_STEPS = 3  # weights/gradients/optimizer states re-summed on every one of the first steps
+BUDGET_FRACTION = 0.01  # of the training thread's wall time, for everything beyond the per-step marks
+
+# The kinds of optional work the budget knows the cost of.
+COUNT = "count"
+HEAP = "heap"
+LOOK = "look"
+REFRESH = "refresh"
+SAMPLED = "sampled"
+
+
+class Budget:
+    """Time the hook spent on optional work, against ``fraction`` of the wall time since it started.
+    ``charge`` after doing the work (what it measured), ``allows`` before: the work runs only if its
+    last measured cost fits in what is left."""
+
+    def __init__(
+        self, fraction: float = BUDGET_FRACTION, clock: Callable[[], float] = time.perf_counter
+    ) -> None:
+        self.fraction = float(fraction)
+        self._clock = clock
+        self.started = clock()
+        self.spent_s = 0.0
+        self.cost: dict[str, float] = {}  # the last measured cost of each kind
+
+    def charge(self, kind: str, seconds: float) -> None:
+        if seconds > 0:
+            self.spent_s += seconds
+            self.cost[kind] = seconds
+
+    def allowance_s(self) -> float:
+        return self.fraction * (self._clock() - self.started)
+
+    def allows(self, kind: str) -> bool:
+        return self.spent_s + self.cost.get(kind, 0.0) <= self.allowance_s()
 
 
 class Schedule:
     """Decides, per step, which measurements are due; remembers when each last ran."""
 
-    def __init__(self, sample_every: int, interval_s: float) -> None:
+    def __init__(self, sample_every: int, interval_s: float, budget: Budget | None = None) -> None:
         self.sample_every = int(sample_every)
+        self.budget = budget if budget is not None else Budget()
         self.interval_s = float(interval_s)
         self._recent_step_s: deque[float] = deque(maxlen=9)  # unprofiled steps' durations
         self.median_step_s = 0.0
@@ -37,6 +82,9 @@ class Schedule:
         self.counted_step = -1  # the last step whose saved tensors were counted
         self.heap_step: int | None = None  # the last step that read the heap
         self.retrace = False  # the shapes changed since the last trace
+        self._sample_owed = False  # a sampled step was due but over budget: the next one that fits runs
+        self._sample_index = -1
+        self._sample_answer = False
 
     def refresh_due(self, index: int) -> bool:
         return index < WARMUP_REFRESH_STEPS or (self.sample_every > 0 and index % self.sample_every == 0)
@@ -58,13 +106,30 @@ class Schedule:
             return True
         if self.sample_due(index) or self.refresh_due(index):
             return True
-        return index - self.heap_step >= self.steps_per_interval()
+        return index - self.heap_step >= self.steps_per_interval() and self.budget.allows(HEAP)
+
+    def look_due(self, index: int, looked_at: int) -> bool:
+        """Walk the model's parameters for changes no hook sees (``p.data = ...``, ``requires_grad_``)?
+        Once per publish interval at most, and only within the budget."""
+        return index - looked_at >= self.steps_per_interval() and self.budget.allows(LOOK)
 
     def sample_due(self, index: int) -> bool:
-        # Never the first (warm-up) step; then the second one, so short runs see op groups too.
+        """Never the first (warm-up) step; then the second one, so short runs see op groups too; then one
+        in ``sample_every`` — when the budget has room for what the last sampled step cost, else on the
+        first later step that has (the op groups stand meanwhile, with the step they were sampled on)."""
         if self.sample_every <= 0 or index == 0:
             return False
-        return index == 1 or index % self.sample_every == 0
+        if index == 1:
+            return True
+        if index == self._sample_index:  # asked again within the step: the same answer
+            return self._sample_answer
+        due = self._sample_owed or index % self.sample_every == 0
+        if due and not self.budget.allows(SAMPLED):
+            self._sample_owed, due = True, False
+        elif due:
+            self._sample_owed = False
+        self._sample_index, self._sample_answer = index, due
+        return due
 
     def trace_due(self, index: int, have_trace: bool) -> bool:
         """The per-op trace costs about as much as the op-group profiler; the peak it finds changes
@@ -80,7 +145,7 @@ class Schedule:
         if already or first_steps or shape != self.input_shape:
             due = True
         else:
-            due = index - self.counted_step >= self.steps_per_interval()
+            due = index - self.counted_step >= self.steps_per_interval() and self.budget.allows(COUNT)
         if due:
             if shape != self.input_shape and not first_steps:
                 self.retrace = True

@@ -4,18 +4,32 @@ Phase-boundary readings miss the peaks inside forward and backward (the temporar
 the next boundary); reading ``mallinfo2`` (CPU) or the allocator's counter (CUDA) after each op (~5 µs)
 sees them. Too slow for every step, the trace runs on a sampled step and its result stands until the
 next one.
+
+A read is not always cheap: ``mallinfo2`` walks glibc's arenas, ~0.2 ms on a large model's heap, where a
+big model runs tens of thousands of ops a step. So the trace keeps its reads within the step's own op
+time (``READ_SHARE``): while reading has cost more than that share, it reads after every second op,
+then every fourth... (``stride``), and back down when there is room. A traced step then takes at most
+about twice its usual time; on a big model the trace samples its ops (``stride`` > 1) and may miss a
+transient peak between two reads (the boundary readings still bound the peak from below).
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
+from time import perf_counter
 from typing import Any
 
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from anatomy.hook.record import Held
 from anatomy.vocabulary import Phase
+
+READ_SHARE = 1.0  # the trace's reads may take at most this share of the traced step's other time
+MAX_STRIDE = 1 << 16
+# Reads after every op before the stride may change: the first ops (views, small ones) say little about
+# the step's pace, and a small model's whole trace stays exact.
+GRACE_READS = 512
 
 
 @dataclass(frozen=True, slots=True)
@@ -40,6 +54,11 @@ class MemoryTrace(TorchDispatchMode):
         self.peaks: dict[Phase, int] = {}
         self.moments: dict[Phase, Moment] = {}
         self.failed = False
+        self.stride = 1  # read after every ``stride``-th op (see the module's docstring)
+        self.ops = 0
+        self.reads = 0
+        self.spent_s = 0.0  # time spent reading
+        self._began = perf_counter()
 
     @classmethod
     def ignore_compile_internals(cls) -> bool:
@@ -51,13 +70,26 @@ class MemoryTrace(TorchDispatchMode):
         self, func: Any, types: Any, args: tuple[Any, ...] = (), kwargs: dict[str, Any] | None = None
     ) -> Any:
         out = func(*args, **(kwargs or {}))
-        if not self.failed:
-            try:
-                now = self._read()
-                if now is not None and now > self.peaks.get(self.phase, -1):
-                    self.peaks[self.phase] = now
-                    held = self._probe() if self._probe is not None else Held()
-                    self.moments[self.phase] = Moment(now, held)
-            except Exception:  # inside the user's op: never in its way; the trace is dropped instead
-                self.failed = True
+        self.ops += 1
+        if self.failed or self.ops % self.stride:
+            return out
+        try:
+            began = perf_counter()
+            now = self._read()
+            if now is not None and now > self.peaks.get(self.phase, -1):
+                self.peaks[self.phase] = now
+                held = self._probe() if self._probe is not None else Held()
+                self.moments[self.phase] = Moment(now, held)
+            done = perf_counter()
+            self.reads += 1
+            self.spent_s += done - began
+            rest = done - self._began - self.spent_s  # the step's own time so far (ops, Python)
+            if self.reads < GRACE_READS:  # every op, until the step's own time can be told
+                pass
+            elif self.spent_s > READ_SHARE * rest and self.stride < MAX_STRIDE:
+                self.stride *= 2
+            elif self.stride > 1 and self.spent_s < 0.25 * READ_SHARE * rest:
+                self.stride //= 2
+        except Exception:  # inside the user's op: never in its way; the trace is dropped instead
+            self.failed = True
         return out

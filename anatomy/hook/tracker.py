@@ -60,7 +60,16 @@ from anatomy.hook.publishing import Channel
 from anatomy.hook.quantized import weight_quantization
 from anatomy.hook.record import Held, MemoryResult, StepRecord, Sums
 from anatomy.hook.saved import SavedTensorCounter, input_storage_keys
-from anatomy.hook.schedule import SAMPLE_EVERY, WARMUP_REFRESH_STEPS, Schedule
+from anatomy.hook.schedule import (
+    COUNT,
+    HEAP,
+    LOOK,
+    REFRESH,
+    SAMPLE_EVERY,
+    SAMPLED,
+    WARMUP_REFRESH_STEPS,
+    Schedule,
+)
 from anatomy.hook.split import (
     PeakSplitter,
     divide_preexisting,
@@ -256,6 +265,8 @@ class Tracker:
         self._latest: Snapshot | None = None
         self._unpublished = False  # the latest snapshot has not gone to the publisher (a failed step)
         self._last_built = 0.0
+        self._built_stamp: tuple[Any, ...] | None = None  # the stamp of the last step built in full
+        self._built_errors = 0  # the guard's version then
         self._hello: Hello | None = None
         self._batch_shape: tuple[int, ...] | None = None  # the first batch tensor's, for `plan --like`
         self._started_at = time.time()
@@ -513,10 +524,14 @@ class Tracker:
                 probe = self._probe_ref()
                 if probe is None or storage_key(probe) != self._probe_ptr:
                     return True  # moved (.to(), a new device), or the parameter is gone
-            look = index - self._looked_at >= self._schedule.steps_per_interval()
+            look = self._schedule.look_due(index, self._looked_at)
             if look:
                 self._looked_at = index
-            return self._model_watch.changed(self.model, look=look)
+            began = time.perf_counter()
+            changed = self._model_watch.changed(self.model, look=look)
+            if look:
+                self._schedule.budget.charge(LOOK, time.perf_counter() - began)
+            return changed
         return False
 
     def _use_device(self, device: torch.device) -> None:
@@ -606,15 +621,18 @@ class Tracker:
             if self._zero_ref is not None:  # DeepSpeed's buffers, not param.grad: as last measured at a start
                 rec.grads_begin = self._zero_grads_begin
             if self._refresh_due(index):
+                began = time.perf_counter()
                 self._refresh_weights()
                 rec.grads_begin = self._sums.gradients = self._gradient_bytes()
                 self._zero_grads_begin = rec.grads_begin
+                sched.budget.charge(REFRESH, time.perf_counter() - began)
             rec.heap_on = sched.heap_due(index)
             if self._memory is not None:
                 self._memory.read_start(rec)
             if self._guard.ok(Feature.TIMING):
                 rec.clock.mark(BEGIN)
             if sched.sample_due(index):
+                rec.began_s = time.perf_counter()
                 if self._guard.ok(Feature.OP_GROUPS):
                     self._start_profiler(rec)
                 traced = self._memory is not None and self._memory.traced is not None
@@ -701,14 +719,73 @@ class Tracker:
                 self._sums.gradients = rec.grads
         self._steps_done += 1
         self._keep_out_of_compile()
-        self._throughput.step_finished(rec)
-        self._throughput.resolve()
+        self._charge(rec, memory)
+        throughput = self._throughput
+        throughput.step_finished(rec)
+        groups_step = throughput.op_groups_step
+        throughput.resolve()
         self._last_rec = rec
-        self._build()
+        if due or exc is not None or groups_step != throughput.op_groups_step or not self._repeat(rec):
+            self._build()
         if exc is None:  # every finished step goes to the publisher (latest-only, O(1))
             self._publish_latest()
         else:
             self._unpublished = True
+
+    def _charge(self, rec: StepRecord, memory: MemoryBackend | None) -> None:
+        """What this step's optional work cost, to the schedule's budget."""
+        budget = self._schedule.budget
+        if memory is not None and rec.heap_on:
+            budget.charge(HEAP, memory.take_spent())
+        if rec.began_s:  # a sampled step: the profiler and the trace cost what the step took beyond the usual
+            took = time.perf_counter() - rec.began_s
+            budget.charge(SAMPLED, max(took - self._schedule.median_step_s, 0.0))
+
+    def _stamp(self, rec: StepRecord) -> tuple[Any, ...]:
+        """What a step's memory figures depend on besides the sums and the backend's state (which change
+        only on steps that measure): equal stamps, equal figures."""
+        sums = self._sums
+        return (
+            rec.micro,
+            self._batch_size(rec),
+            rec.grads_begin,
+            rec.opt_begin,
+            rec.grads if rec.grads is not None else sums.gradients,
+            rec.opt_after if rec.opt_after is not None else sums.optimizer_states,
+            rec.heap_from if rec.heap_from is not None else rec.index,  # whose heap readings (CPU)
+            rec.cuda_start,
+            rec.cuda_end,  # the allocator statistics read (CUDA; once per publish interval)
+        )
+
+    def _repeat(self, rec: StepRecord) -> bool:
+        """An ordinary step's snapshot, O(1): the last one built with this step's number, time and timing.
+        Only where every other figure would come out the same — nothing was measured on this step (no
+        count, no re-sum, no heap read, no trace), the same micro-batches and batch size, no new error,
+        and on CUDA the same peak from the same start. Otherwise (False) the full build."""
+        last = self._latest
+        if last is None or rec.profiled or rec.activations is not None or self._refresh_due(rec.index):
+            return False
+        if self._guard.version != self._built_errors or self._stamp(rec) != self._built_stamp:
+            return False
+        memory = self._memory
+        if isinstance(memory, HeapBackend) and (rec.heap_on or rec.heap_from is None):
+            return False
+        if isinstance(memory, CudaBackend):
+            start = rec.cuda_start
+            if start is None or not rec.cuda_peaks or memory.step_peak(rec, start) != memory.last_peak:
+                return False
+        with self._guard(Feature.SNAPSHOT):
+            self._throughput.update_timing()
+            self._seq += 1
+            snap = object.__new__(Snapshot)  # (a frozen dataclass: filled through its __dict__)
+            fields = snap.__dict__
+            fields.update(last.__dict__)
+            fields["seq"], fields["time"], fields["step"] = self._seq, time.time(), rec.index
+            fields["timing"] = self._throughput.timing
+            self._latest = snap
+            self.history.append(snap)
+            return True
+        return False
 
     # -- sampled steps ----------------------------------------------------------------------------
 
@@ -893,6 +970,8 @@ class Tracker:
         rec.inputs = max(rec.inputs, counter.input_bytes)
         sums.activations, sums.weight_copies, sums.inputs = rec.activations, rec.weight_copies, rec.inputs
         self._schedule.counted_step = rec.index
+        self._schedule.budget.charge(COUNT, counter.spent_s)
+        counter.spent_s = 0.0
         if counter.weight_copy_dtype is not None and counter.weight_copy_dtype != self._autocast_dtype:
             self._autocast_dtype = counter.weight_copy_dtype
             self._hello_changed()
@@ -993,8 +1072,8 @@ class Tracker:
             refresh = rec.grads is not None and self._zero_ref is None and self._refresh_due(rec.index)
             if refresh and self._guard.ok(Feature.GRADIENTS):
                 with self._guard(Feature.GRADIENTS):  # gradients at their largest over the step's updates
-                    self._sums.gradients = gradient_bytes(self.model)
-                    rec.grads = max(rec.grads or 0, self._sums.gradients)
+                    # (ZeRO's own buffers too: param.grad alone would make the standing figure 0 there)
+                    rec.grads = self._sums.gradients = max(rec.grads, self._gradient_bytes())
             return
         self._close_window(rec)
         with self._guard(Feature.OPTIMIZER):
@@ -1191,6 +1270,8 @@ class Tracker:
         if oom is None:
             self._latest = snap
             self._last_built = time.monotonic()
+            self._built_errors = self._guard.version
+            self._built_stamp = self._stamp(rec) if rec is not None else None
             self.history.append(snap)
         return snap
 
