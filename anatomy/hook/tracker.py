@@ -1073,7 +1073,7 @@ class Tracker:
             if refresh and self._guard.ok(Feature.GRADIENTS):
                 with self._guard(Feature.GRADIENTS):  # gradients at their largest over the step's updates
                     # (ZeRO's own buffers too: param.grad alone would make the standing figure 0 there)
-                    rec.grads = self._sums.gradients = max(rec.grads, self._gradient_bytes())
+                    rec.grads = self._sums.gradients = max(rec.grads or 0, self._gradient_bytes())
             return
         self._close_window(rec)
         with self._guard(Feature.OPTIMIZER):
