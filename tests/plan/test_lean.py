@@ -54,7 +54,7 @@ def _plan(argv: list[str], lean: bool) -> dict[str, Any]:
     ("name", "extra", "lean_modules"),
     [
         ("bert", ["--quick", "--seq-len", "64"], True),
-        ("llama", ["--quick", "--seq-len", "64", "--lora", "4", "--precision", "bf16", "--target=cpu"], False),
+        ("llama", ["--quick", "--seq-len=64", "--lora=4", "--precision=bf16", "--target=cpu"], False),
     ],
 )
 def test_lean_process_plans_the_same(
