@@ -14,7 +14,7 @@ memory growing < 500 MB; T5-base and ViT-base plan times for the other tasks):
     floor both stand on, ``import torch, transformers``: the three run round by round (7 rounds), and the
     ratios are taken within each round (the machine's load moves all three alike) — medians and spread.
 
-Run: .venv/bin/python benchmarks/bench_plan.py [--walls]
+Run: .venv/bin/python benchmarks/bench_plan.py [--walls] [--rounds N]
 """
 
 from __future__ import annotations
@@ -98,14 +98,18 @@ def process_walls(rounds: int = 7) -> None:
         env = dict(os.environ, PYTHONPATH=str(REPO))
         names = list(commands)
         walls: dict[str, list[float]] = {name: [] for name in names}
+        cpus: dict[str, list[float]] = {name: [] for name in names}
         for r in range(rounds):
             for name in names[r % len(names) :] + names[: r % len(names)]:
+                before = resource.getrusage(resource.RUSAGE_CHILDREN)
                 t = time.perf_counter()
                 done = subprocess.run(commands[name], cwd=REPO, env=env, capture_output=True, text=True)
                 wall = time.perf_counter() - t
+                after = resource.getrusage(resource.RUSAGE_CHILDREN)
                 if done.returncode != 0:
                     raise SystemExit(f"{name} failed: {done.stderr[-2000:]}")
                 walls[name].append(wall)
+                cpus[name].append(after.ru_utime + after.ru_stime - before.ru_utime - before.ru_stime)
     plan, acc, floor = walls["plan --quick"], walls["accelerate"], walls["floor"]
 
     def ratio(a: list[float], b: list[float]) -> str:
@@ -127,11 +131,18 @@ def process_walls(rounds: int = 7) -> None:
         f"  beyond the floor: plan +{_median([p - f for p, f in zip(plan, floor, strict=True)]):.2f} s, "
         f"accelerate +{_median([a - f for a, f in zip(acc, floor, strict=True)]):.2f} s"
     )
+    # CPU time (user + system) moves less with the machine's load than wall time does.
+    p_cpu, a_cpu, f_cpu = cpus["plan --quick"], cpus["accelerate"], cpus["floor"]
+    print(
+        f"  CPU time: plan {_median(p_cpu):.2f} s, accelerate {_median(a_cpu):.2f} s, floor "
+        f"{_median(f_cpu):.2f} s; plan / accelerate {ratio(p_cpu, a_cpu)}"
+    )
 
 
 def main() -> None:
-    process_walls()
-    if "--walls" in sys.argv[1:]:
+    args = sys.argv[1:]
+    process_walls(int(args[args.index("--rounds") + 1]) if "--rounds" in args else 7)
+    if "--walls" in args:
         return
     import transformers
     from transformers import BertConfig, LlamaConfig
