@@ -11,8 +11,9 @@ memory growing < 500 MB; T5-base and ViT-base plan times for the other tasks):
   * first (``--walls`` alone): the whole process's wall time of ``anatomy-top plan BERT_LARGE_DIR --quick``
     against accelerate's weights-only estimate of the same local config (``accelerate estimate-memory``'s
     own code: a local directory fails its hub check, so the snippet below runs the rest of it) and the
-    floor both stand on, ``import torch, transformers``: the three run round by round (7 rounds), and the
-    ratios are taken within each round (the machine's load moves all three alike) — medians and spread.
+    floor both stand on, ``import torch, transformers``: the three run round by round (7 rounds, or
+    ``--rounds N``), and the ratios are taken within each round (the machine's load moves all three
+    alike) — medians and their min-max, for wall time and for CPU time (user + system).
 
 Run: .venv/bin/python benchmarks/bench_plan.py [--walls] [--rounds N]
 """
