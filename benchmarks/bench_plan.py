@@ -11,10 +11,11 @@ memory growing < 500 MB; T5-base and ViT-base plan times for the other tasks):
   * first (``--walls`` alone): the whole process's wall time of ``anatomy-top plan BERT_LARGE_DIR --quick``
     against accelerate's weights-only estimate of the same local config (``accelerate estimate-memory``'s
     own code: a local directory fails its hub check, so the snippet below runs the rest of it) and the
-    floor both stand on, ``import torch, transformers`` — as ratios from one run, each command run
-    alternately and its best time kept (the machine's load moves all three alike).
+    floor both stand on, ``import torch, transformers``: the three run round by round (7 rounds, or
+    ``--rounds N``), and the ratios are taken within each round (the machine's load moves all three
+    alike) — medians and their min-max, for wall time and for CPU time (user + system).
 
-Run: .venv/bin/python benchmarks/bench_plan.py [--walls]
+Run: .venv/bin/python benchmarks/bench_plan.py [--walls] [--rounds N]
 """
 
 from __future__ import annotations
@@ -68,8 +69,17 @@ print("float32", convert_bytes(largest[0]), convert_bytes(total), convert_bytes(
 """
 
 
-def process_walls(repeat: int = 3) -> None:
-    """Wall time of whole processes, best of ``repeat`` each, run alternately."""
+def _median(values: list[float]) -> float:
+    ordered = sorted(values)
+    mid = len(ordered) // 2
+    return ordered[mid] if len(ordered) % 2 else (ordered[mid - 1] + ordered[mid]) / 2
+
+
+def process_walls(rounds: int = 7) -> None:
+    """Wall time of whole processes, interleaved round by round: each round runs the plan, accelerate's
+    estimate and the floor once each (their order rotating, so none always follows another), and the
+    ratios are taken within a round, where the machine's load is the same for all three. Prints the
+    medians and, for each ratio, its median and the spread (min-max) over the rounds."""
     from transformers import BertConfig
 
     with tempfile.TemporaryDirectory() as tmp:
@@ -87,30 +97,53 @@ def process_walls(repeat: int = 3) -> None:
             "floor": [py, "-c", "import torch, transformers"],
         }
         env = dict(os.environ, PYTHONPATH=str(REPO))
-        best = dict.fromkeys(commands, float("inf"))
-        for _ in range(repeat):
-            for name, cmd in commands.items():
+        names = list(commands)
+        walls: dict[str, list[float]] = {name: [] for name in names}
+        cpus: dict[str, list[float]] = {name: [] for name in names}
+        for r in range(rounds):
+            for name in names[r % len(names) :] + names[: r % len(names)]:
+                before = resource.getrusage(resource.RUSAGE_CHILDREN)
                 t = time.perf_counter()
-                done = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True)
+                done = subprocess.run(commands[name], cwd=REPO, env=env, capture_output=True, text=True)
                 wall = time.perf_counter() - t
+                after = resource.getrusage(resource.RUSAGE_CHILDREN)
                 if done.returncode != 0:
                     raise SystemExit(f"{name} failed: {done.stderr[-2000:]}")
-                best[name] = min(best[name], wall)
-    plan, acc, floor = best["plan --quick"], best["accelerate"], best["floor"]
-    print(f"Whole process, BERT-large local config (best of {repeat}, run alternately):")
+                walls[name].append(wall)
+                cpus[name].append(after.ru_utime + after.ru_stime - before.ru_utime - before.ru_stime)
+    plan, acc, floor = walls["plan --quick"], walls["accelerate"], walls["floor"]
+
+    def ratio(a: list[float], b: list[float]) -> str:
+        per = [x / y for x, y in zip(a, b, strict=True)]
+        return f"{_median(per):.2f}x ({min(per):.2f}-{max(per):.2f})"
+
+    print(f"Whole process, BERT-large local config ({rounds} interleaved rounds; medians, ratios' min-max):")
     print(
-        f"  anatomy-top plan --quick {plan:.2f} s, accelerate's estimate {acc:.2f} s, "
-        f"import torch, transformers {floor:.2f} s"
+        f"  anatomy-top plan --quick {_median(plan):.2f} s, accelerate's estimate {_median(acc):.2f} s, "
+        f"import torch, transformers {_median(floor):.2f} s"
     )
+    faster = sum(p <= a for p, a in zip(plan, acc, strict=True))
     print(
-        f"  plan / accelerate {plan / acc:.2f}x (target <= 1.0), plan / floor {plan / floor:.2f}x, "
-        f"accelerate / floor {acc / floor:.2f}x"
+        f"  plan / accelerate {ratio(plan, acc)} (target <= 1.0); plan <= accelerate in {faster} of "
+        f"{rounds} rounds"
+    )
+    print(f"  plan / floor {ratio(plan, floor)}, accelerate / floor {ratio(acc, floor)}")
+    print(
+        f"  beyond the floor: plan +{_median([p - f for p, f in zip(plan, floor, strict=True)]):.2f} s, "
+        f"accelerate +{_median([a - f for a, f in zip(acc, floor, strict=True)]):.2f} s"
+    )
+    # CPU time (user + system) moves less with the machine's load than wall time does.
+    p_cpu, a_cpu, f_cpu = cpus["plan --quick"], cpus["accelerate"], cpus["floor"]
+    print(
+        f"  CPU time: plan {_median(p_cpu):.2f} s, accelerate {_median(a_cpu):.2f} s, floor "
+        f"{_median(f_cpu):.2f} s; plan / accelerate {ratio(p_cpu, a_cpu)}"
     )
 
 
 def main() -> None:
-    process_walls()
-    if "--walls" in sys.argv[1:]:
+    args = sys.argv[1:]
+    process_walls(int(args[args.index("--rounds") + 1]) if "--rounds" in args else 7)
+    if "--walls" in args:
         return
     import transformers
     from transformers import BertConfig, LlamaConfig

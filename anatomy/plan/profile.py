@@ -129,12 +129,23 @@ def cache_tensors(out: Any) -> list[torch.Tensor]:
     return found
 
 
+# In-place random fills: on a fake tensor each leaves it as it was (no values, same storage, shape and
+# dtype), and running one goes through torch's Python reference (a new tensor, then a copy).
+_RANDOM_FILLS = frozenset(
+    {torch.ops.aten.normal_.default, torch.ops.aten.uniform_.default, torch.ops.aten.bernoulli_.float}
+)
+
+
 class _InitValues(TorchDispatchMode):
     """While the fake model is built: a data-dependent read (``mask.any()`` in torch's trunc_normal_,
-    which ViT's initialisation uses) answers zero instead of failing. Initial values do not change
-    what a step allocates, and nothing outside the model's construction runs under this mode."""
+    which ViT's initialisation uses) answers zero instead of failing, and a random initialisation of a
+    fake tensor returns the tensor without running (the weights' init is most of a build's ops).
+    Initial values do not change what a step allocates, and nothing outside the model's construction
+    runs under this mode."""
 
     def __torch_dispatch__(self, func: Any, types: Any, args: tuple = (), kwargs: dict | None = None) -> Any:
+        if func in _RANDOM_FILLS and is_fake(args[0]):
+            return args[0]
         if func is torch.ops.aten._local_scalar_dense.default and is_fake(args[0]):
             dtype = args[0].dtype
             return False if dtype is torch.bool else (0.0 if dtype.is_floating_point else 0)
