@@ -282,10 +282,20 @@ def main(argv: list[str]) -> None:
         if torch.distributed.get_world_size() > 1:  # under torchrun: one result per rank
             key += f"@{torch.distributed.get_rank()}"
         results[key] = {**hooked, "plain_losses": plain["losses"]}
-    print("RESULT " + json.dumps(results), flush=True)
+    # One file per rank, in the job's own directory: two ranks printing long lines to one pipe interleave.
+    rank = torch.distributed.get_rank() if torch.distributed.get_world_size() > 1 else 0
+    part = f"result-{rank}.json.part"
+    with open(part, "w") as f:
+        json.dump(results, f)
+    os.replace(part, f"result-{rank}.json")
     # Every rank leaves together: a rank exiting while its peer still talks to it makes gloo abort the peer.
     torch.distributed.barrier()
     torch.distributed.destroy_process_group()
+    # The results are on disk: skip the interpreter's teardown, where a C++ thread still joinable at exit
+    # aborted a rank now and then ("terminate called without an active exception", exit -6).
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)
 
 
 if __name__ == "__main__":
