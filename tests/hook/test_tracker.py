@@ -379,7 +379,12 @@ def test_defaults_and_the_traced_step_leaves_nothing_behind(hk: SimpleNamespace)
         assert tracker.sample_every == 100
         hk.train_steps(model, opt, 3, tracker, batch=_batch(hk))  # step 1 is sampled and traced
         snap = tracker.latest
-        assert snap is not None and snap.at_peak_step == 1 and snap.op_groups_step == 1
+        assert snap is not None and snap.op_groups_step == 1
+        assert tracker._memory is not None and tracker._memory.traced is not None
+        assert tracker._memory.traced.step == 1  # the one trace so far, and it is step 1's
+        # The split shown is the trace's unless step 2's heap readings rose >10% above the traced peak
+        # (glibc's in-use figure includes other threads' allocations: a loaded CI machine sees that).
+        assert snap.at_peak_step in (1, 2)
         assert not tracker._counter.track_alive and tracker._counter.alive_activation_bytes == 0
         assert all(not p._post_accumulate_grad_hooks for p in model.parameters())
 
