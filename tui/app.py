@@ -15,7 +15,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
-import signal
 import sys
 import threading
 import time
@@ -33,6 +32,7 @@ from textual.message import Message
 from textual.timer import Timer
 from textual.widgets import Input
 
+from tui.exit_signals import ExitSignals
 from tui.intervals import (
     DEFAULT_INTERVAL,
     INTERVAL_STEPS,
@@ -41,6 +41,10 @@ from tui.intervals import (
     clamp_interval,
     next_interval,
 )
+from tui.keys import MONITOR_BINDINGS
+from tui.notices import tell, unknown_gpus_notice
+from tui.screens.process_requests import EnvironmentRequested, SignalRequested
+from tui.selection import Selection
 from tui.sources.anatomy_source import TrainingProcess
 from tui.sources.filters import ProcessFilter
 from tui.sources.history import MachineHistory
@@ -58,8 +62,6 @@ from tui.widgets.line_table import LineTable
 from tui.widgets.process_rows import build_rows
 from tui.widgets.process_table import ProcessTable
 from tui.widgets.text_static import TextStatic
-
-EXIT_SIGNALS: tuple[signal.Signals, ...] = (signal.SIGTERM, signal.SIGHUP, signal.SIGINT)
 
 __all__ = [
     "INTERVAL_STEPS",
@@ -127,44 +129,13 @@ class HostFigures:
         return {p.pid: p for p in self._enricher.enrich(bare)}
 
 
-# How often the monitor checks that its terminal still has an owner (see _exit_if_orphaned).
-ORPHAN_CHECK_S = 2.0
-
-
 class AnatomyTopApp(App[int]):
     TITLE = "anatomy-top"
     CSS_PATH = "app.tcss"
     HORIZONTAL_BREAKPOINTS = [(0, NARROW), (WIDE_FROM, WIDE)]  # noqa: RUF012 (Textual declares the type)
     ENABLE_COMMAND_PALETTE = False
 
-    BINDINGS: ClassVar[list[BindingType]] = [
-        Binding("q", "quit", "Quit"),
-        Binding("ctrl+c", "quit", "Interrupt", show=False, priority=True),
-        Binding("question_mark", "help", "Help"),
-        Binding("tab", "switch_pane", "Pane", priority=True),
-        Binding("f", "gpu_layout", "Full/compact"),
-        Binding("s", "cycle_sort", "Sort"),
-        Binding("S", "reverse_sort", "Rev"),
-        Binding("slash", "filter", "Filter"),
-        Binding("p", "pause", "Pause"),
-        Binding("plus", "slower", "+Intvl", show=False),
-        Binding("minus", "faster", "-Intvl", show=False),
-        Binding("x", "dismiss", "Dismiss", show=False),
-        Binding("j", "move(1)", "Down", show=False),
-        Binding("k", "move(-1)", "Up", show=False),
-        Binding("escape", "escape", "Clear", show=False),
-        # Acting on the selected process (tui/process_actions.py).
-        Binding("t", "tree", "Tree"),
-        Binding("e", "environment", "Env"),
-        Binding("K", "signal('kill')", "Kill"),
-        Binding("T", "signal('terminate')", "Term", show=False),
-        Binding("I", "signal('interrupt')", "Int", show=False),
-        Binding("enter", "metrics", "Metrics", show=False),
-        Binding("u", "filter_by('user')", "User", show=False),
-        Binding("g", "filter_by('gpu')", "GPU", show=False),
-        Binding("P", "filter_by('pid')", "PID", show=False),
-        Binding("h", "gpu_history", "History", show=False),
-    ]
+    BINDINGS: ClassVar[list[BindingType]] = MONITOR_BINDINGS
 
     def __init__(
         self,
@@ -203,6 +174,7 @@ class AnatomyTopApp(App[int]):
         if first_machine is not None:
             self.history.record(first_machine)
         self.action_messages: list[str] = []  # what the process actions told, newest last
+        self.selection = Selection(self)  # the process under the table's cursor, and its actions
         # A training job known to be starting (the demo's): the anatomy pane waits for it by name.
         self.starting_pid = starting_pid
         self.gpu_mode: str | None = None  # None: by width (full side by side, compact below); else f's choice
@@ -218,8 +190,7 @@ class AnatomyTopApp(App[int]):
         self._host_lookup = host_lookup if host_lookup is not None else HostFigures()
         self._polling = False
         self._timer: Timer | None = None
-        self._signals_installed = False
-        self._parent_pid = os.getppid()
+        self._exit_signals = ExitSignals(self)
         self._anatomy_shown: tuple[object, ...] | None = None  # what the anatomy pane last drew
 
     # -- layout ----------------------------------------------------------------------------------
@@ -251,9 +222,7 @@ class AnatomyTopApp(App[int]):
         self._render_proc_bar()
         self._render_status()
         if self._handle_signals:
-            self._install_signals()
-            self._parent_pid = os.getppid()
-            self.set_interval(ORPHAN_CHECK_S, self._exit_if_orphaned, name="orphan-check")
+            self._exit_signals.install()
             from tui import startup_signals
 
             early = startup_signals.pending()  # one that came while Textual started, before our handlers
@@ -268,10 +237,7 @@ class AnatomyTopApp(App[int]):
         self._restore_scrollbars()
         if self._timer is not None:
             self._timer.stop()
-        if self._signals_installed:
-            for sig in EXIT_SIGNALS:
-                with contextlib.suppress(Exception):
-                    asyncio.get_running_loop().remove_signal_handler(sig)
+        self._exit_signals.remove()
         if self._close_sources:
             for source in (self.machine_source, self.anatomy_source):
                 with contextlib.suppress(Exception):
@@ -281,29 +247,6 @@ class AnatomyTopApp(App[int]):
         from tui.hangup_driver import hangup_safe
 
         return hangup_safe(super().get_driver_class())
-
-    def _install_signals(self) -> None:
-        # SIGTERM (kill, systemd, tmux kill-pane), SIGHUP (the terminal went away) and SIGINT from another
-        # process end the monitor the way `q` does: Textual gives the terminal back (alternate screen off,
-        # mouse tracking off, cursor shown), then the status is 128 + the signal's number, as a shell
-        # reports a process killed by it.
-        try:
-            loop = asyncio.get_running_loop()
-            for sig in EXIT_SIGNALS:
-                loop.add_signal_handler(sig, self._exit_on_signal, sig)
-        except (NotImplementedError, RuntimeError, ValueError, AttributeError):
-            return
-        self._signals_installed = True
-
-    def _exit_on_signal(self, sig: int) -> None:
-        self.exit(return_code=128 + int(sig))
-
-    def _exit_if_orphaned(self) -> None:
-        # SIGHUP can be lost (a pty torn down while Textual starts up, under load): such monitors were
-        # seen lingering with a deleted tty. The terminal's owner going away re-parents us, so a changed
-        # parent PID means nobody is looking at this screen any more.
-        if os.getppid() != self._parent_pid:
-            self.exit()
 
     # -- polling -------------------------------------------------------------------------------
 
@@ -369,9 +312,9 @@ class AnatomyTopApp(App[int]):
             self.machine = message.machine
             self.history.record(message.machine)
             if self.polls == 1 and self.process_filter.gpus is not None:
-                from tui import process_actions
-
-                process_actions.check_filter(self)
+                notice = unknown_gpus_notice(self.process_filter, self.machine)
+                if notice is not None:
+                    tell(self, notice, "warning", 10)
         self.training = [t for t in message.training if t.pid > 0]
         self.host_figures = message.host_figures
         # The anatomy source reports its own failure as a PID-less entry.
@@ -562,10 +505,10 @@ class AnatomyTopApp(App[int]):
     # -- actions -------------------------------------------------------------------------------
 
     def action_help(self) -> None:
-        from tui.widgets.help_screen import HelpScreen  # not needed for the first frame
+        from tui.screens.help import HelpScreen, monitor_key_rows  # not needed for the first frame
 
         if not isinstance(self.screen, HelpScreen):
-            self.push_screen(HelpScreen())
+            self.push_screen(HelpScreen(monitor_key_rows(self)))
 
     def action_switch_pane(self) -> None:
         if self.screen is not self.screen_stack[0]:  # the help screen (or another modal) is up
@@ -658,37 +601,35 @@ class AnatomyTopApp(App[int]):
         self._render_all()
         self.refresh_now()
 
-    # -- acting on processes (the logic is in tui/process_actions.py, imported when first used) ----
+    # -- acting on the selected process (tui/selection.py) -------------------------------------
 
     def action_signal(self, name: str) -> None:
-        from tui import process_actions
-
-        process_actions.signal_selected(self, name)
+        self.selection.signal(name)
 
     def action_tree(self) -> None:
-        from tui import process_actions
-
-        process_actions.show_tree(self)
+        self.selection.show_tree()
 
     def action_environment(self) -> None:
-        from tui import process_actions
-
-        process_actions.show_environment(self)
+        self.selection.show_environment()
 
     def action_metrics(self) -> None:
-        from tui import process_actions
-
-        process_actions.show_metrics(self)
+        self.selection.show_metrics()
 
     def action_filter_by(self, kind: str) -> None:
-        from tui import process_actions
+        self.selection.toggle_filter(kind)
 
-        process_actions.toggle_filter(self, kind)
+    @on(SignalRequested)
+    def _on_signal_requested(self, request: SignalRequested) -> None:
+        self.selection.request_signal(request.pid, request.started_at, request.name)
+
+    @on(EnvironmentRequested)
+    def _on_environment_requested(self, request: EnvironmentRequested) -> None:
+        self.selection.show_environment_of(request.pid, request.user, request.command)
 
     def action_gpu_history(self) -> None:
-        from tui import process_actions
-
-        process_actions.toggle_history(self)
+        panel = self.query_one(GpuHistory)
+        panel.display = not panel.display
+        self.refresh_filters()
 
     def refresh_filters(self) -> None:
         """Show the current filters and panels at once, without waiting for the next poll."""

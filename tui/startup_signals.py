@@ -1,6 +1,6 @@
 """SIGTERM/SIGHUP/SIGINT while the monitor starts: before Textual runs, and while it starts.
 
-Until the app installs its own handlers (``AnatomyTopApp._install_signals``), these handlers end the
+Until the app installs its own handlers (``tui.exit_signals.ExitSignals``), these handlers end the
 monitor. Before Textual runs, only our own code is on the main thread's stack (the start-up frame,
 imports): the handler gives the terminal back and raises ``Signalled``, which unwinds to ``run_monitor``.
 Once ``hand_over(app)`` is called, a Python signal handler must never raise: it runs between two

@@ -17,17 +17,17 @@ from textual.app import App
 from textual.screen import Screen
 
 from tui import format as fmt
+from tui.screens.environ import EnvironScreen
+from tui.screens.signal_dialog import SignalDialog
+from tui.screens.tree import TreeScreen, TreeTable, tree_prefix
 from tui.sources.environ import Environment
 from tui.sources.history import MachineHistory
 from tui.sources.model import GpuInfo, GpuProcess, HostInfo, MachineSnapshot, NvmlStatus
 from tui.sources.signals import identify
 from tui.sources.tree import TreeRow
-from tui.widgets.environ_screen import EnvironScreen
 from tui.widgets.gpu_history import history_lines
 from tui.widgets.process_metrics import ProcessMetricsScreen, ProcessRef, chart_lines
-from tui.widgets.signal_dialog import SignalDialog
 from tui.widgets.sparkline import sparkline
-from tui.widgets.tree_screen import TreeScreen, TreeTable, tree_prefix
 
 GiB = 1 << 30
 

@@ -23,9 +23,11 @@ from textual.widgets import Input, Sparkline, Static
 from anatomy.vocabulary import Component
 from tui import format as fmt
 from tui.app import AnatomyTopApp
+from tui.screens.environ import EnvironScreen
+from tui.screens.signal_dialog import SignalDialog
+from tui.screens.tree import TreeScreen
 from tui.sources.anatomy_source import measured_total
 from tui.widgets.anatomy_pane import AnatomyPane
-from tui.widgets.environ_screen import EnvironScreen
 from tui.widgets.gpu_history import GpuHistory
 from tui.widgets.gpu_layout import COMPACT, FULL, short_name
 from tui.widgets.gpu_table import GpuTable
@@ -36,8 +38,6 @@ from tui.widgets.line_table import LineTable
 from tui.widgets.process_metrics import ProcessMetricsScreen
 from tui.widgets.process_rows import SORT_KEYS, TRAINING_FIRST
 from tui.widgets.process_table import ProcessTable
-from tui.widgets.signal_dialog import SignalDialog
-from tui.widgets.tree_screen import TreeScreen
 
 MakeApp = Callable[..., AnatomyTopApp]
 ReadScreen = Callable[[AnatomyTopApp], str]
@@ -242,7 +242,7 @@ async def test_tab_switches_panes_wide_and_narrow(make_app: MakeApp) -> None:
 
 
 async def test_help_lists_every_key_and_closes(make_app: MakeApp, read_screen: ReadScreen) -> None:
-    from tui.widgets.help_screen import KEYS, HelpScreen
+    from tui.screens.help import HelpScreen, monitor_key_rows
 
     app = make_app()
     async with app.run_test(size=(120, 40)) as pilot:
@@ -251,8 +251,10 @@ async def test_help_lists_every_key_and_closes(make_app: MakeApp, read_screen: R
         assert isinstance(app.screen, HelpScreen)
         await pilot.pause()
         text = read_screen(app)
-        for keys, what in KEYS:
-            assert keys in text and what in text
+        rows = monitor_key_rows(app)
+        assert len(rows) > 20
+        for row in rows:
+            assert row.keys in text and row.what in text
         await pilot.press("escape")
         assert not isinstance(app.screen, HelpScreen)
         await pilot.press("question_mark", "question_mark")
@@ -260,9 +262,9 @@ async def test_help_lists_every_key_and_closes(make_app: MakeApp, read_screen: R
 
 
 async def test_every_key_in_the_help_screen_works(make_app: MakeApp) -> None:
-    """Walks KEYS (what the help screen lists) and checks each key's effect; a key added to the help
+    """Walks the help's rows (generated from the bindings) and checks each key's effect; a key added
     without a check here fails the test."""
-    from tui.widgets.help_screen import KEYS, HelpScreen
+    from tui.screens.help import HelpScreen, monitor_key_rows
 
     app = make_app(interval=1.0)
     async with app.run_test(size=(160, 50)) as pilot:
@@ -387,7 +389,7 @@ async def test_every_key_in_the_help_screen_works(make_app: MakeApp) -> None:
             assert not panel.display
 
         async def plan_like() -> None:
-            from tui.widgets.plan_like_screen import PlanLikeScreen
+            from tui.screens.plan_like import PlanLikeScreen
 
             await _select_pid(app, pilot, frozen.TRAIN_PID)
             app.query_one(AnatomyPane).focus()  # the key is the anatomy pane's
@@ -458,34 +460,40 @@ async def test_every_key_in_the_help_screen_works(make_app: MakeApp) -> None:
             assert not app.is_running
 
         checks = {
-            "↑ ↓  j k": arrows,
-            "PgUp PgDn Home End": pages,
-            "← →": sideways,
-            "wheel, Shift+wheel": wheel,
+            "move": arrows,
+            "page": pages,
+            "sideways": sideways,
+            "wheel": wheel,
             "click": click,
-            "tab": tab,
-            "f": layout,
-            "s": sort,
-            "S": reverse,
-            "/": slash,
-            "enter": enter,
+            "switch-pane": tab,
+            "gpu-layout": layout,
+            "sort": sort,
+            "reverse-sort": reverse,
+            "filter": slash,
+            "metrics": enter,
             "escape": escape,
-            "p": pause,
-            "+": plus,
-            "-": minus,
-            "x": dismiss,
-            "t": tree,
-            "T  K  I": signals_,
-            "e": environment,
-            "u  g  P": filters,
-            "h": history,
-            "l": plan_like,
-            "?": help_,
-            "q  ctrl+q  ctrl+c": quit_,
+            "pause": pause,
+            "slower": plus,
+            "faster": minus,
+            "dismiss": dismiss,
+            "tree": tree,
+            "signal": signals_,
+            "environment": environment,
+            "filter-by": filters,
+            "gpu-history": history,
+            "plan-like": plan_like,
+            "help": help_,
+            "quit": quit_,
         }
-        assert [k for k, _ in KEYS] == list(checks)
-        for keys, _ in KEYS:
-            await checks[keys]()
+        rows = monitor_key_rows(app)
+        assert [row.id for row in rows] == list(checks)
+        assert [row.keys for row in rows if row.id in ("signal", "filter-by", "quit")] == [
+            "T  K  I",
+            "u  g  P",
+            "q  ctrl+c  ctrl+q",
+        ]
+        for row in rows:
+            await checks[row.id]()
 
 
 async def test_quit_key_exits(make_app: MakeApp) -> None:
@@ -519,14 +527,14 @@ async def test_exits_when_its_terminal_loses_its_owner(
     make_app: MakeApp, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     # A lost SIGHUP must not leave a monitor running on a dead tty: being re-parented ends it too.
-    monkeypatch.setattr("tui.app.ORPHAN_CHECK_S", 0.05)
+    monkeypatch.setattr("tui.exit_signals.ORPHAN_CHECK_S", 0.05)
     app = make_app(handle_signals=True)
     async with app.run_test(size=(120, 40)):
         await app.wait_for_poll()
         await asyncio.sleep(0.2)
         assert app.is_running  # same parent: keeps running
         real_parent = os.getppid()
-        monkeypatch.setattr("tui.app.os.getppid", lambda: real_parent + 1)
+        monkeypatch.setattr("tui.exit_signals.os.getppid", lambda: real_parent + 1)
         for _ in range(100):
             await asyncio.sleep(0.01)
             if not app.is_running:

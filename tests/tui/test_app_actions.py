@@ -18,18 +18,19 @@ import frozen
 import pytest
 from rich.text import Text
 
-from tui import process_actions
 from tui.app import AnatomyTopApp
+from tui.screens.environ import EnvironScreen
+from tui.screens.signal_dialog import SignalDialog
+from tui.screens.tree import TreeScreen
+from tui.selection import process_of_row
 from tui.simnvml import Curve, Faults, Scenario, SimProcess, install, uninstall
 from tui.sources.filters import ProcessFilter
 from tui.sources.machine import MachineSource
 from tui.sources.nvml import NvmlSource
-from tui.widgets.environ_screen import EnvironScreen
 from tui.widgets.gpu_history import GpuHistory
 from tui.widgets.process_metrics import ProcessMetricsScreen
+from tui.widgets.process_rows import ProcessRow
 from tui.widgets.process_table import ProcessTable
-from tui.widgets.signal_dialog import SignalDialog
-from tui.widgets.tree_screen import TreeScreen
 
 GiB = 1 << 30
 NOBODY = 65534
@@ -328,19 +329,13 @@ async def test_history_tree_and_metrics(
 
 
 def test_selected_process_for_a_host_row_is_the_host_figures() -> None:
-    class Fake:
-        machine = None
+    figures = {6001: frozen.frozen_host_lookup([6001])[6001]}
+    row = ProcessRow(key="6001", pid=6001, gpu_index=None, type="-", user="a", command="c")
+    proc = process_of_row(row, None, figures)
+    assert proc is figures[6001] and proc.gpu_index == -1
 
-        def __init__(self) -> None:
-            self.host_figures = {6001: frozen.frozen_host_lookup([6001])[6001]}
 
-        def query_one(self, _: Any) -> Any:
-            class Table:
-                selected_row = type(
-                    "Row", (), {"pid": 6001, "gpu_index": None, "type": "-", "user": "a", "command": "c"}
-                )
-
-            return Table()
-
-    proc = process_actions.selected_process(Fake())
-    assert proc is not None and proc.pid == 6001 and proc.gpu_index == -1
+def test_selected_process_without_figures_is_the_row_itself() -> None:
+    row = ProcessRow(key="6002", pid=6002, gpu_index=None, type="C", user="a", command="c")
+    proc = process_of_row(row, None, {})
+    assert (proc.pid, proc.gpu_index, proc.type, proc.user, proc.command) == (6002, -1, "C", "a", "c")

@@ -256,7 +256,7 @@ def test_every_field_is_on_screen_at_each_size(tmp_path: Path, training) -> None
     import getpass
 
     from tui.demo import build_scenario
-    from tui.widgets.help_screen import GLOSSARY
+    from tui.screens.help import GLOSSARY
 
     proc, runtime, log = training
     _, snapshot = hook_snapshot(runtime, proc.pid, log)

@@ -11,8 +11,8 @@ from pathlib import Path
 import pytest
 from textual.app import App
 
-from tui.widgets import plan_like_screen
-from tui.widgets.plan_like_screen import PlanLikeScreen
+from tui.screens import plan_like
+from tui.screens.plan_like import PlanLikeScreen
 
 
 class _Host(App[None]):
@@ -46,7 +46,7 @@ async def test_the_plan_text_is_shown(
         seen["pid"] = pid
         return [sys.executable, "-c", script]
 
-    monkeypatch.setattr(plan_like_screen, "plan_command", command)
+    monkeypatch.setattr(plan_like, "plan_command", command)
     app = _Host()
     async with app.run_test(size=(100, 30)):
         screen = PlanLikeScreen(7, tmp_path)
@@ -56,4 +56,4 @@ async def test_the_plan_text_is_shown(
 
 
 def test_the_command_is_plan_like() -> None:
-    assert plan_like_screen.plan_command(42)[-3:] == ["anatomy.plan_cli", "--like", "42"]
+    assert plan_like.plan_command(42)[-3:] == ["anatomy.plan_cli", "--like", "42"]

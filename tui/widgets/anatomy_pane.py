@@ -116,7 +116,8 @@ class AnatomyPane(VerticalScroll):
             "l",
             "plan_like",
             "Plan vs measured",
-            tooltip="Plan this job (anatomy-top plan --like PID) and show the plan beside what was measured",
+            id="plan-like",
+            tooltip="anatomy pane: the job's plan vs what was measured (plan --like)",
         ),
     ]
 
@@ -172,11 +173,11 @@ class AnatomyPane(VerticalScroll):
 
     def action_plan_like(self) -> None:
         """The plan of the shown process's job beside what its hook measured (in a subprocess)."""
-        from tui.widgets.plan_like_screen import PlanLikeScreen
+        from tui.screens.plan_like import PlanLikeScreen
 
         process = self.process
         if process is None or process.pid <= 0:
-            from tui.process_actions import tell
+            from tui.notices import tell
 
             tell(self.app, "no training process shown: nothing to plan", "warning", 3)
             return

@@ -15,10 +15,11 @@ from textual.binding import Binding
 
 from tui.widgets.text_static import TextStatic
 
-KEY_NAMES = {"question_mark": "?", "slash": "/", "plus": "+", "minus": "-", "escape": "esc", "tab": "tab"}
+KEY_NAMES = {"question_mark": "?", "slash": "/", "plus": "+", "minus": "-"}
 
 
 def key_label(key: str) -> str:
+    """A key as the key bar and the help show it."""
     return KEY_NAMES.get(key, key)
 
 
@@ -38,10 +39,6 @@ def key_bar_text(bindings: Iterable[Binding]) -> tuple[Text, list[tuple[int, int
 
 
 class KeyBar(TextStatic):
-    DEFAULT_CSS = """
-    KeyBar { height: 1; dock: bottom; background: $panel; }
-    """
-
     def __init__(self, bindings: Iterable[Binding], **kwargs: object) -> None:
         text, self._spans = key_bar_text(bindings)
         super().__init__(text, **kwargs)

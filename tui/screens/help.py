@@ -1,53 +1,116 @@
 """The help screen: every key the monitor answers to, and what every figure of the anatomy pane means.
 
-KEYS is the contract with the app: each entry is a key or gesture that works (a test presses each one).
-The words come from the shared vocabulary (``COMPONENT_HELP``: one sentence per component) and from
+The key list is generated from the bindings themselves (``tui.keys``, and those widgets declare): each
+binding with an id and a tooltip is a row, or part of one (a test presses each listed key). The other
+words come from the shared vocabulary (``COMPONENT_HELP``: one sentence per component) and from
 GLOSSARY below, one entry per figure or word the anatomy pane shows. It scrolls: at 60x20 the arrows,
 PgUp/PgDn, Home/End and the mouse wheel move through it.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from typing import ClassVar
+from collections.abc import Iterable, Sequence
+from typing import Any, ClassVar, NamedTuple
 
 from rich.table import Table
 from rich.text import Text
-from textual.app import ComposeResult
+from textual.app import App, ComposeResult
 from textual.binding import Binding, BindingType
 from textual.containers import VerticalScroll
+from textual.dom import DOMNode
 from textual.screen import ModalScreen
 from textual.widgets import Static
 
 from anatomy.vocabulary import COMPONENT_HELP
+from tui.keys import row_id
+from tui.widgets.key_bar import key_label
 
-# (keys as shown, what they do). The app's bindings implement exactly these; a test presses each one.
-KEYS: tuple[tuple[str, str], ...] = (
-    ("↑ ↓  j k", "move the selection (scroll the anatomy pane)"),
-    ("PgUp PgDn Home End", "move a page, or to the first / last process"),
-    ("← →", "scroll a table sideways when it is wider than its pane"),
-    ("wheel, Shift+wheel", "scroll up and down; sideways with Shift"),
-    ("click", "select a process; a key in the bottom bar runs it"),
-    ("tab", "switch pane: processes / anatomy (one at a time below 160 cols)"),
-    ("f", "GPU table: every field, two lines per GPU / compact, one line"),
-    ("s", "sort by the next column (first: ◆ training jobs, then GPU memory)"),
-    ("S", "reverse the sort order"),
-    ("/", "filter processes by command, user or PID"),
-    ("enter", "keep the filter; on a process: its metrics over time"),
-    ("escape", "clear the filter; close this help"),
-    ("p", "pause / resume refreshing"),
-    ("+", "refresh less often (longer interval)"),
-    ("-", "refresh more often (shorter interval)"),
-    ("x", "dismiss the shown OOM record"),
-    ("t", "process tree: GPU processes with their parents and children"),
-    ("T  K  I", "send SIGTERM / SIGKILL / SIGINT to the selected process (asks first)"),
-    ("e", "the selected process's environment (if /proc/PID/environ is readable)"),
-    ("u  g  P", "only the selected process's user / GPU / PID; again: all"),
-    ("h", "GPU history: utilization and memory sparklines per GPU"),
-    ("l", "anatomy pane: the job's plan vs what was measured (plan --like)"),
-    ("?", "show this help"),
-    ("q  ctrl+q  ctrl+c", "quit"),
+
+class KeyRow(NamedTuple):
+    """One line of the help's key list: its id (``tui.keys.row_id``), the keys as shown, what they do."""
+
+    id: str
+    keys: str
+    what: str
+
+
+# Keys no binding with an id declares: the tables' own cursor keys (tui.widgets.line_table) and the mouse.
+GESTURES: dict[str, KeyRow] = {
+    "page": KeyRow("page", "PgUp PgDn Home End", "move a page, or to the first / last process"),
+    "sideways": KeyRow("sideways", "← →", "scroll a table sideways when it is wider than its pane"),
+    "wheel": KeyRow("wheel", "wheel, Shift+wheel", "scroll up and down; sideways with Shift"),
+    "click": KeyRow("click", "click", "select a process; a key in the bottom bar runs it"),
+}
+# Keys bound elsewhere that do what a row's bindings do (before, after the row's own keys): the tables'
+# arrows move as j and k do; Textual's App binds ctrl+q to quit.
+ALSO_BOUND: dict[str, tuple[str, str]] = {"move": ("↑ ↓", ""), "quit": ("", "ctrl+q")}
+# The rows in the order the help lists them: binding rows (``tui.keys.row_id``) and gestures. A binding
+# row missing here is listed after these, never left out.
+ORDER: tuple[str, ...] = (
+    "move",
+    "page",
+    "sideways",
+    "wheel",
+    "click",
+    "switch-pane",
+    "gpu-layout",
+    "sort",
+    "reverse-sort",
+    "filter",
+    "metrics",
+    "escape",
+    "pause",
+    "slower",
+    "faster",
+    "dismiss",
+    "tree",
+    "signal",
+    "environment",
+    "filter-by",
+    "gpu-history",
+    "plan-like",
+    "help",
+    "quit",
 )
+
+
+def bindings_of(nodes: Iterable[DOMNode]) -> list[Binding]:
+    """The bindings with an id and a tooltip that ``nodes`` (an app, the widgets on its main screen)
+    declare, each class's once, in the order met."""
+    seen: set[type[DOMNode]] = set()
+    found: list[Binding] = []
+    for node in nodes:
+        if type(node) in seen:
+            continue
+        seen.add(type(node))
+        found += [b for b in type(node).BINDINGS if isinstance(b, Binding) and b.id and b.tooltip]
+    return found
+
+
+def key_rows(bindings: Iterable[Binding]) -> tuple[KeyRow, ...]:
+    """The help's key list: one row per ``row_id``, its keys in the bindings' order."""
+    keys: dict[str, list[str]] = {}
+    what: dict[str, str] = {}
+    for binding in bindings:
+        row = row_id(binding)
+        if row is None:
+            continue
+        keys.setdefault(row, []).append(key_label(binding.key))
+        what.setdefault(row, binding.tooltip)
+    rows: list[KeyRow] = []
+    for row in [*ORDER, *(r for r in keys if r not in ORDER)]:
+        if row in GESTURES:
+            rows.append(GESTURES[row])
+        elif row in keys:
+            before, after = ALSO_BOUND.get(row, ("", ""))
+            rows.append(KeyRow(row, "  ".join(k for k in (before, *keys[row], after) if k), what[row]))
+    return tuple(rows)
+
+
+def monitor_key_rows(app: App[Any]) -> tuple[KeyRow, ...]:
+    """What the help lists for ``app``: its own keys and those of the widgets on its main screen."""
+    return key_rows(bindings_of([app, *app.screen_stack[0].query("*")]))
+
 
 # (word or figure as the pane shows it, what it means).
 GLOSSARY: tuple[tuple[str, str], ...] = (
@@ -140,8 +203,8 @@ def _table(rows: Sequence[tuple[str, str]], first_width: int) -> Table:
     return table
 
 
-def help_table() -> Table:
-    return _table(KEYS, 20)
+def help_table(rows: Sequence[KeyRow]) -> Table:
+    return _table([(row.keys, row.what) for row in rows], 20)
 
 
 def glossary_table() -> Table:
@@ -153,26 +216,21 @@ def components_table() -> Table:
 
 
 class HelpScreen(ModalScreen[None]):
-    BINDINGS: ClassVar[list[BindingType]] = [
-        Binding("escape", "close", "Close"),
-        Binding("question_mark", "close", "Close", show=False),
-        Binding("q", "close", "Close", show=False),
-    ]
+    """``rows``: the keys to list (``monitor_key_rows``)."""
 
-    DEFAULT_CSS = """
-    HelpScreen { align: center middle; }
-    HelpScreen > VerticalScroll {
-        width: 100; max-width: 100%; height: auto; max-height: 100%;
-        border: round $accent; padding: 0 1; background: $surface;
-    }
-    HelpScreen > VerticalScroll > Static { width: 1fr; }
-    HelpScreen .help-title { text-style: bold; margin: 1 0 0 0; }
-    """
+    BINDINGS: ClassVar[list[BindingType]] = [
+        Binding("escape,question_mark,q", "close", "Close", id="help.close", tooltip="close this help"),
+    ]
+    CSS_PATH = "screens.tcss"
+
+    def __init__(self, rows: Sequence[KeyRow]) -> None:
+        super().__init__()
+        self.rows = tuple(rows)
 
     def compose(self) -> ComposeResult:
         with VerticalScroll(id="help-body"):
             yield Static(Text("anatomy-top keys", style="bold"))
-            yield Static(help_table(), id="help-keys")
+            yield Static(help_table(self.rows), id="help-keys")
             yield Static(Text("What the anatomy pane shows"), classes="help-title")
             yield Static(glossary_table(), id="help-glossary")
             yield Static(Text("Memory components"), classes="help-title")

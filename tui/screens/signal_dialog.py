@@ -61,23 +61,15 @@ def choices_text(selected: str) -> Text:
 
 class SignalDialog(ModalScreen[str | None]):
     BINDINGS: ClassVar[list[BindingType]] = [
-        Binding("T,t", "choose('terminate')", "SIGTERM", show=False),
-        Binding("K,k", "choose('kill')", "SIGKILL", show=False),
-        Binding("I,i", "choose('interrupt')", "SIGINT", show=False),
-        Binding("up", "step(-1)", "Previous", show=False),
-        Binding("down", "step(1)", "Next", show=False),
-        Binding("enter,y", "send", "Send", show=False),
-        Binding("escape,n,c,q", "cancel", "Cancel", show=False),
+        Binding("T,t", "choose('terminate')", "SIGTERM", show=False, id="dialog.term", tooltip="SIGTERM"),
+        Binding("K,k", "choose('kill')", "SIGKILL", show=False, id="dialog.kill", tooltip="SIGKILL"),
+        Binding("I,i", "choose('interrupt')", "SIGINT", show=False, id="dialog.int", tooltip="SIGINT"),
+        Binding("up", "step(-1)", "Previous", show=False, id="dialog.previous", tooltip="the signal above"),
+        Binding("down", "step(1)", "Next", show=False, id="dialog.next", tooltip="the signal below"),
+        Binding("enter,y", "send", "Send", show=False, id="dialog.send", tooltip="send the chosen signal"),
+        Binding("escape,n,c,q", "cancel", "Cancel", show=False, id="dialog.cancel", tooltip="send nothing"),
     ]
-    DEFAULT_CSS = """
-    SignalDialog { align: center middle; }
-    SignalDialog > Vertical {
-        width: 84; max-width: 100%; height: auto; max-height: 100%;
-        border: thick $error; padding: 0 1; background: $surface;
-    }
-    SignalDialog #signal-title { text-style: bold; margin: 0 0 1 0; }
-    SignalDialog #signal-choices { margin: 1 0; }
-    """
+    CSS_PATH = "screens.tcss"
 
     def __init__(self, target: Target, signal_name: str) -> None:
         super().__init__()

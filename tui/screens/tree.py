@@ -1,6 +1,7 @@
 """The process tree view (``t``): every GPU process with its parents up to the root and its children, so
 a rank shows its launcher and its data-loader workers. The signal keys and ``e`` act on the selected
-node here too: stopping the launcher stops the whole job."""
+node here too (posted as ``tui.screens.process_requests`` messages): stopping the launcher stops the
+whole job."""
 
 from __future__ import annotations
 
@@ -15,6 +16,7 @@ from textual.screen import Screen
 
 from tui import format as fmt
 from tui.sanitize import clean
+from tui.screens.process_requests import EnvironmentRequested, SignalRequested
 from tui.sources.model import GpuProcess
 from tui.sources.tree import ANCESTOR, CHILD, GPU, ProcessTree, TreeRow
 from tui.widgets.line_table import LineTable
@@ -22,6 +24,7 @@ from tui.widgets.process_cells import elide_middle
 from tui.widgets.process_rows import readable_command
 from tui.widgets.text_static import TextStatic
 
+SIGNAL_TIP = "send SIGTERM / SIGKILL / SIGINT to the selected process (asks first)"
 COLUMNS: tuple[tuple[str, str, str], ...] = (
     ("pid", "PID", "right"),
     ("user", "USER", "left"),
@@ -68,10 +71,6 @@ def tree_cells(row: TreeRow) -> tuple[Text, ...]:
 
 
 class TreeTable(LineTable):
-    DEFAULT_CSS = """
-    TreeTable { height: 1fr; }
-    """
-
     def __init__(self, **kwargs: object) -> None:
         # The command takes what the other columns leave, its middle elided (tree, program, script and
         # last arguments stay), as in the process table.
@@ -93,19 +92,15 @@ class TreeScreen(Screen[None]):
     ``interval`` seconds in a worker thread. ``select_pid``: the process to put the cursor on."""
 
     BINDINGS: ClassVar[list[BindingType]] = [
-        Binding("escape,t,q", "close", "Back"),
-        Binding("T", "signal('terminate')", "SIGTERM"),
-        Binding("K", "signal('kill')", "SIGKILL"),
-        Binding("I", "signal('interrupt')", "SIGINT"),
-        Binding("e", "environment", "Env"),
-        Binding("j", "move(1)", "Down", show=False),
-        Binding("k", "move(-1)", "Up", show=False),
+        Binding("escape,t,q", "close", "Back", id="tree.close", tooltip="back to the monitor"),
+        Binding("T", "signal('terminate')", "SIGTERM", id="tree.terminate", tooltip=SIGNAL_TIP),
+        Binding("K", "signal('kill')", "SIGKILL", id="tree.kill", tooltip=SIGNAL_TIP),
+        Binding("I", "signal('interrupt')", "SIGINT", id="tree.interrupt", tooltip=SIGNAL_TIP),
+        Binding("e", "environment", "Env", id="tree.environment", tooltip="its environment"),
+        Binding("j", "move(1)", "Down", show=False, id="tree.down", tooltip="select the next process"),
+        Binding("k", "move(-1)", "Up", show=False, id="tree.up", tooltip="select the previous process"),
     ]
-    DEFAULT_CSS = """
-    TreeScreen { layout: vertical; }
-    TreeScreen #tree-title { height: 1; padding: 0 1; background: $panel; }
-    TreeScreen #tree-keys { height: 1; dock: bottom; background: $panel; }
-    """
+    CSS_PATH = "screens.tcss"
 
     def __init__(
         self,
@@ -183,22 +178,18 @@ class TreeScreen(Screen[None]):
             table.action_cursor_up()
 
     def action_signal(self, name: str) -> None:
-        from tui import process_actions
-
         row = self.selected
         if row is None:
             self.notify("no process selected", timeout=3)
             return
-        process_actions.request_signal(self.app, row.pid, row.started_at, name)
+        self.post_message(SignalRequested(row.pid, row.started_at, name))
 
     def action_environment(self) -> None:
-        from tui import process_actions
-
         row = self.selected
         if row is None:
             self.notify("no process selected", timeout=3)
             return
-        process_actions.show_environment_of(self.app, row.pid, row.user, row.command)
+        self.post_message(EnvironmentRequested(row.pid, row.user, row.command))
 
 
 __all__ = ["TreeScreen", "TreeTable", "tree_cells", "tree_prefix"]

@@ -32,15 +32,11 @@ def plan_command(pid: int) -> list[str]:
 
 class PlanLikeScreen(ModalScreen[None]):
     BINDINGS: ClassVar[list[BindingType]] = [
-        Binding("escape,q,l", "close", "Close", show=False),
+        Binding(
+            "escape,q,l", "close", "Close", show=False, id="plan-like.close", tooltip="close (ends the plan)"
+        ),
     ]
-    DEFAULT_CSS = """
-    PlanLikeScreen { align: center middle; }
-    PlanLikeScreen > VerticalScroll {
-        width: 100%; height: 100%; border: round $accent; padding: 0 1; background: $surface;
-    }
-    PlanLikeScreen #plan-like-note { margin: 0 0 1 0; }
-    """
+    CSS_PATH = "screens.tcss"
 
     def __init__(self, pid: int, directory: Path | None = None) -> None:
         super().__init__()

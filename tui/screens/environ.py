@@ -41,16 +41,9 @@ def environ_table(env: Environment) -> Table | Text:
 
 class EnvironScreen(ModalScreen[None]):
     BINDINGS: ClassVar[list[BindingType]] = [
-        Binding("escape,q,e", "close", "Close", show=False),
+        Binding("escape,q,e", "close", "Close", show=False, id="environ.close", tooltip="close"),
     ]
-    DEFAULT_CSS = """
-    EnvironScreen { align: center middle; }
-    EnvironScreen > VerticalScroll {
-        width: 100%; height: 100%; border: round $accent; padding: 0 1; background: $surface;
-    }
-    EnvironScreen #environ-title { text-style: bold; }
-    EnvironScreen #environ-note { margin: 0 0 1 0; }
-    """
+    CSS_PATH = "screens.tcss"
 
     def __init__(self, env: Environment, user: str | None = None, command: str | None = None) -> None:
         super().__init__()
