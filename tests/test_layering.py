@@ -4,9 +4,11 @@ and `import anatomy` stays cheap."""
 
 from __future__ import annotations
 
+import ast
 import pkgutil
 import subprocess
 import sys
+from collections.abc import Iterable
 from pathlib import Path
 
 import pytest
@@ -58,3 +60,119 @@ def test_data_layer_knows_no_widgets() -> None:
 @pytest.mark.parametrize("module", ["anatomy", "anatomy.protocol", "anatomy.vocabulary", "anatomy.advisor"])
 def test_import_anatomy_is_cheap(module: str) -> None:
     assert _loaded_after_import([module], ("torch", "transformers", "textual")) == []
+
+
+# Import circles among our own modules: a static walk of every ``import`` and ``from … import``, those
+# inside functions included (a deferred import still ties the two modules together), those under
+# ``if TYPE_CHECKING:`` left out (they never run). Each set is one circle's modules.
+KNOWN_CIRCLES: set[frozenset[str]] = {
+    # Being removed by the engineers who own the planner; delete each line once its circle is gone.
+    # (anatomy.hook.record <-> trace is a TYPE_CHECKING import only: no circle at run time.)
+    frozenset({"anatomy.plan.planner", "anatomy.plan.search"}),
+    frozenset({"anatomy.plan.peft_model", "anatomy.plan.profile"}),
+}
+
+
+def _module_of(path: Path) -> str:
+    parts = list(path.relative_to(ROOT).with_suffix("").parts)
+    if parts[-1] == "__init__":
+        parts.pop()
+    return ".".join(parts)
+
+
+def _is_type_checking(test: ast.expr) -> bool:
+    return (isinstance(test, ast.Name) and test.id == "TYPE_CHECKING") or (
+        isinstance(test, ast.Attribute) and test.attr == "TYPE_CHECKING"
+    )
+
+
+def _imports(tree: ast.AST) -> list[ast.Import | ast.ImportFrom]:
+    found: list[ast.Import | ast.ImportFrom] = []
+
+    def walk(nodes: Iterable[ast.AST]) -> None:
+        for node in nodes:
+            if isinstance(node, ast.If) and _is_type_checking(node.test):
+                walk(node.orelse)
+                continue
+            if isinstance(node, (ast.Import, ast.ImportFrom)):
+                found.append(node)
+            walk(ast.iter_child_nodes(node))
+
+    walk([tree])
+    return found
+
+
+def import_graph(packages: tuple[str, ...] = ("anatomy", "tui")) -> dict[str, set[str]]:
+    """Module -> the modules of ``packages`` it imports."""
+    files = {_module_of(p): p for package in packages for p in (ROOT / package).rglob("*.py")}
+    graph: dict[str, set[str]] = {}
+    for module, path in files.items():
+        is_package = path.name == "__init__.py"
+        targets: set[str] = set()
+        for node in _imports(ast.parse(path.read_text(encoding="utf-8"))):
+            if isinstance(node, ast.Import):
+                targets.update(alias.name for alias in node.names)
+                continue
+            base = node.module or ""
+            if node.level:  # relative: from the module's package, up level - 1 more
+                package = module.split(".") if is_package else module.split(".")[:-1]
+                package = package[: len(package) - (node.level - 1)]
+                base = ".".join([*package, base] if base else package)
+            for alias in node.names:
+                submodule = f"{base}.{alias.name}"
+                targets.add(submodule if submodule in files else base)
+        graph[module] = {t for t in targets if t in files and t != module}
+    return graph
+
+
+def import_circles(graph: dict[str, set[str]]) -> set[frozenset[str]]:
+    """The strongly connected sets of two or more modules (Tarjan's algorithm)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    circles: set[frozenset[str]] = set()
+
+    def visit(node: str) -> None:
+        index[node] = low[node] = len(index)
+        stack.append(node)
+        on_stack.add(node)
+        for target in sorted(graph.get(node, ())):
+            if target not in index:
+                visit(target)
+                low[node] = min(low[node], low[target])
+            elif target in on_stack:
+                low[node] = min(low[node], index[target])
+        if low[node] == index[node]:
+            members: set[str] = set()
+            while True:
+                member = stack.pop()
+                on_stack.discard(member)
+                members.add(member)
+                if member == node:
+                    break
+            if len(members) > 1:
+                circles.add(frozenset(members))
+
+    for node in sorted(graph):
+        if node not in index:
+            visit(node)
+    return circles
+
+
+def test_the_circle_finder_finds_a_circle_and_skips_type_checking_imports() -> None:
+    graph = {"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}
+    assert import_circles(graph) == {frozenset({"a", "b", "c"})}
+    tree = ast.parse(
+        "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    import x\nelse:\n    import y\n"
+        "def f():\n    import z\n"
+    )
+    names = sorted(alias.name for node in _imports(tree) for alias in node.names)
+    assert names == ["TYPE_CHECKING", "y", "z"]
+
+
+def test_no_import_circles_among_our_modules() -> None:
+    graph = import_graph()
+    assert "tui.app" in graph and "tui.selection" in graph["tui.app"]  # the walk found the imports
+    circles = import_circles(graph)
+    assert circles - KNOWN_CIRCLES == set(), sorted(sorted(c) for c in circles - KNOWN_CIRCLES)

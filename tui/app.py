@@ -19,32 +19,25 @@ import sys
 import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
-from typing import Any, ClassVar, Protocol
+from typing import Any
 
-from rich.text import Text
 from textual import events, on
-from textual.app import App, ComposeResult
-from textual.binding import Binding, BindingType
+from textual.app import ComposeResult
+from textual.binding import Binding
 from textual.containers import Horizontal, Vertical
 from textual.css.query import NoMatches
 from textual.driver import Driver
-from textual.message import Message
 from textual.timer import Timer
 from textual.widgets import Input
 
 from tui.exit_signals import ExitSignals
-from tui.intervals import (
-    DEFAULT_INTERVAL,
-    INTERVAL_STEPS,
-    MAX_INTERVAL,
-    MIN_INTERVAL,
-    clamp_interval,
-    next_interval,
-)
-from tui.keys import MONITOR_BINDINGS
+from tui.host_figures import HostFigures
+from tui.intervals import DEFAULT_INTERVAL, clamp_interval
+from tui.monitor_keys import MonitorKeys
 from tui.notices import tell, unknown_gpus_notice
-from tui.screens.process_requests import EnvironmentRequested, SignalRequested
+from tui.polled import Polled
 from tui.selection import Selection
+from tui.source_protocols import AnatomySourceLike, MachineSourceLike
 from tui.sources.anatomy_source import TrainingProcess
 from tui.sources.filters import ProcessFilter
 from tui.sources.history import MachineHistory
@@ -54,58 +47,20 @@ from tui.terminal import Display
 from tui.widgets import display_filter
 from tui.widgets.anatomy_pane import AnatomyPane
 from tui.widgets.gpu_history import GpuHistory
-from tui.widgets.gpu_table import COMPACT, FULL, GpuTable
+from tui.widgets.gpu_table import GpuTable
 from tui.widgets.header import MachineHeader, NvmlBanner
 from tui.widgets.key_bar import KeyBar
-from tui.widgets.layout import WIDE_FROM, anatomy_width, gpu_mode_for, is_wide
+from tui.widgets.layout import WIDE_FROM
 from tui.widgets.line_table import LineTable
 from tui.widgets.process_rows import build_rows
 from tui.widgets.process_table import ProcessTable
+from tui.widgets.status_lines import PANE_NVSMI, pane_tabs_text, proc_bar_text, status_text
 from tui.widgets.text_static import TextStatic
 
-__all__ = [
-    "INTERVAL_STEPS",
-    "MAX_INTERVAL",
-    "MIN_INTERVAL",
-    "AnatomyTopApp",
-    "next_interval",
-    "run_app",
-]
+__all__ = ["AnatomyTopApp", "run_app"]
 
 NARROW, WIDE = "-narrow", "-wide"
 STALE_AFTER_S = 10.0  # a live publisher silent this long (or 3 refreshes) is flagged in the anatomy pane
-PANE_NVSMI, PANE_ANATOMY = "nvsmi", "anatomy"
-
-
-class MachineSourceLike(Protocol):
-    def snapshot(self) -> MachineSnapshot: ...
-    def close(self) -> None: ...
-
-
-class AnatomySourceLike(Protocol):
-    def poll(self) -> list[TrainingProcess]: ...
-    def close(self) -> None: ...
-
-
-class Polled(Message):
-    """One poll's results, posted from the worker thread."""
-
-    def __init__(
-        self,
-        machine: MachineSnapshot | None,
-        training: list[TrainingProcess],
-        host_figures: dict[int, GpuProcess] | None = None,
-        errors: list[str] | None = None,
-    ) -> None:
-        super().__init__()
-        self.machine = machine
-        self.training = training
-        self.host_figures = host_figures or {}
-        self.errors = errors or []
-
-    def can_replace(self, message: Message) -> bool:
-        # A newer sample makes a queued older one worthless.
-        return isinstance(message, Polled)
 
 
 def nvml_bytes_for(machine: MachineSnapshot | None, pid: int) -> int | None:
@@ -115,27 +70,11 @@ def nvml_bytes_for(machine: MachineSnapshot | None, pid: int) -> int | None:
     return nvml_process_bytes(pid, machine.processes)
 
 
-class HostFigures:
-    """Host figures (user, command, CPU %, RSS, running time) for publishing processes NVML does not
-    list: CPU training, or no NVIDIA driver. Called in the poll worker, never on the UI thread."""
-
-    def __init__(self) -> None:
-        from tui.sources.processes import ProcessEnricher
-
-        self._enricher = ProcessEnricher()
-
-    def __call__(self, pids: Sequence[int]) -> dict[int, GpuProcess]:
-        bare = [GpuProcess(gpu_index=-1, pid=pid, type="-") for pid in pids]
-        return {p.pid: p for p in self._enricher.enrich(bare)}
-
-
-class AnatomyTopApp(App[int]):
+class AnatomyTopApp(MonitorKeys):
     TITLE = "anatomy-top"
     CSS_PATH = "app.tcss"
     HORIZONTAL_BREAKPOINTS = [(0, NARROW), (WIDE_FROM, WIDE)]  # noqa: RUF012 (Textual declares the type)
     ENABLE_COMMAND_PALETTE = False
-
-    BINDINGS: ClassVar[list[BindingType]] = MONITOR_BINDINGS
 
     def __init__(
         self,
@@ -377,38 +316,18 @@ class AnatomyTopApp(App[int]):
     def _render_status(self) -> None:
         status = self.query_one("#status", TextStatic)
         status.display = bool(self.errors)
-        text = Text()
-        for i, error in enumerate(self.errors):
-            if i:
-                text.append("\n")
-            text.append("error ", style="bold red")
-            text.append(Text(error))
-        status.show_text(text)
+        status.show_text(status_text(self.errors))
 
     def _render_tabs(self) -> None:
-        text = Text()
-        for pane, label in ((PANE_NVSMI, "nvidia-smi"), (PANE_ANATOMY, "anatomy")):
-            style = "bold reverse cyan" if self.pane == pane else "bright_black"
-            text.append(f" {label} ", style=style)
-            text.append(" ")
-        text.append(" tab switches", style="bright_black")
-        self.query_one("#pane-tabs", TextStatic).show_text(text)
+        self.query_one("#pane-tabs", TextStatic).show_text(pane_tabs_text(self.pane))
 
     def _render_proc_bar(self) -> None:
         table = self.query_one(ProcessTable)
-        text = Text("Processes ", style="bold")
-        shown, total = table.row_count, table.total_count
-        text.append(f"{shown}" if shown == total else f"{shown} of {total}")
         publishing = sum(1 for t in self.training if t.pid > 0)
-        if publishing:
-            text.append(f" · {publishing} publishing ◆", style="green")
-        text.append(f" · sort {table.sort_label}", style="bright_black")
-        if self.process_filter.active:
-            text.append(" · only ", style="bright_black")
-            text.append(self.process_filter.describe(), style="yellow")
-        if table.filter_text:
-            text.append(" · filter ", style="bright_black")
-            text.append(Text(repr(table.filter_text), style="yellow"))
+        only = self.process_filter.describe() if self.process_filter.active else None
+        text = proc_bar_text(
+            table.row_count, table.total_count, publishing, table.sort_label, only, table.filter_text
+        )
         self.query_one("#proc-bar", TextStatic).show_text(text)
 
     def _selected_training(self) -> TrainingProcess | None:
@@ -488,166 +407,10 @@ class AnatomyTopApp(App[int]):
             with contextlib.suppress(NoMatches):
                 self._render_status()
 
-    # -- filter input --------------------------------------------------------------------------
-
-    @on(Input.Changed, "#filter")
-    def _on_filter_changed(self, event: Input.Changed) -> None:
-        self.query_one(ProcessTable).set_filter(event.value.strip())
-        self._render_proc_bar()
-        self._render_anatomy()
-
-    @on(Input.Submitted, "#filter")
-    def _on_filter_submitted(self, event: Input.Submitted) -> None:
-        filter_input = self.query_one("#filter", Input)
-        filter_input.display = bool(event.value.strip())
-        self.query_one(ProcessTable).focus()
-
-    # -- actions -------------------------------------------------------------------------------
-
-    def action_help(self) -> None:
-        from tui.screens.help import HelpScreen, monitor_key_rows  # not needed for the first frame
-
-        if not isinstance(self.screen, HelpScreen):
-            self.push_screen(HelpScreen(monitor_key_rows(self)))
-
-    def action_switch_pane(self) -> None:
-        if self.screen is not self.screen_stack[0]:  # the help screen (or another modal) is up
-            return
-        self.pane = PANE_ANATOMY if self.pane == PANE_NVSMI else PANE_NVSMI
-        body = self.query_one("#body")
-        body.set_class(self.pane == PANE_NVSMI, f"-pane-{PANE_NVSMI}")
-        body.set_class(self.pane == PANE_ANATOMY, f"-pane-{PANE_ANATOMY}")
-        if self.pane == PANE_ANATOMY:
-            self.query_one(AnatomyPane).focus()
-        else:
-            self.query_one(ProcessTable).focus()
-        self._render_tabs()
-
-    def _apply_layout(self, width: int | None = None) -> None:
-        """The anatomy pane's width side by side, and the GPU table's layout (f's choice, else by width)."""
-        width = self.size.width if width is None else width
-        mode = self.gpu_mode or gpu_mode_for(width)
-        with contextlib.suppress(NoMatches):
-            self.query_one(AnatomyPane).styles.width = anatomy_width(width) if is_wide(width) else "1fr"
-            self.query_one(GpuTable).set_mode(mode)
-
-    def action_gpu_layout(self) -> None:
-        """Full (every field, two lines per GPU) <-> compact (one line per GPU); the choice then holds
-        at any width."""
-        current = self.query_one(GpuTable).mode
-        self.gpu_mode = COMPACT if current == FULL else FULL
-        self._apply_layout()
-
-    def action_cycle_sort(self) -> None:
-        self.query_one(ProcessTable).cycle_sort()
-        self._render_proc_bar()
-
-    def action_reverse_sort(self) -> None:
-        self.query_one(ProcessTable).toggle_reverse()
-        self._render_proc_bar()
-
-    def action_filter(self) -> None:
-        filter_input = self.query_one("#filter", Input)
-        filter_input.display = True
-        if self.pane != PANE_NVSMI:
-            self.action_switch_pane()
-        filter_input.focus()
-
-    def action_escape(self) -> None:
-        filter_input = self.query_one("#filter", Input)
-        if filter_input.display or filter_input.value:
-            filter_input.value = ""
-            filter_input.display = False
-            self.query_one(ProcessTable).set_filter("")
-            self.query_one(ProcessTable).focus()
-            self._render_proc_bar()
-
-    def action_pause(self) -> None:
-        self.paused = not self.paused
-        if self.paused:
-            if self._timer is not None:
-                self._timer.stop()
-        else:
-            self._schedule(0.0)
-        self._render_header()
-
-    def action_slower(self) -> None:
-        self._set_interval(next_interval(self.interval, +1))
-
-    def action_faster(self) -> None:
-        self._set_interval(next_interval(self.interval, -1))
-
-    def _set_interval(self, value: float) -> None:
-        self.interval = min(MAX_INTERVAL, max(MIN_INTERVAL, value))
-        if not self.paused and not self._polling:
-            self._schedule(self.interval)
-        self._render_header()
-
-    def action_dismiss(self) -> None:
-        pane = self.query_one(AnatomyPane)
-        process = pane.process
-        dismiss = getattr(self.anatomy_source, "dismiss", None)
-        if process is None or process.state != "oom" or dismiss is None:
-            self.notify("nothing to dismiss: select a process marked OOM", timeout=3)
-            return
-        try:
-            dismiss(process.pid)
-        except Exception as exc:
-            self.errors = [f"dismiss: {type(exc).__name__}: {exc}"]
-            self._render_status()
-            return
-        self.training = [t for t in self.training if t.pid != process.pid]
-        self.anatomy_pid = None
-        self._render_all()
-        self.refresh_now()
-
-    # -- acting on the selected process (tui/selection.py) -------------------------------------
-
-    def action_signal(self, name: str) -> None:
-        self.selection.signal(name)
-
-    def action_tree(self) -> None:
-        self.selection.show_tree()
-
-    def action_environment(self) -> None:
-        self.selection.show_environment()
-
-    def action_metrics(self) -> None:
-        self.selection.show_metrics()
-
-    def action_filter_by(self, kind: str) -> None:
-        self.selection.toggle_filter(kind)
-
-    @on(SignalRequested)
-    def _on_signal_requested(self, request: SignalRequested) -> None:
-        self.selection.request_signal(request.pid, request.started_at, request.name)
-
-    @on(EnvironmentRequested)
-    def _on_environment_requested(self, request: EnvironmentRequested) -> None:
-        self.selection.show_environment_of(request.pid, request.user, request.command)
-
-    def action_gpu_history(self) -> None:
-        panel = self.query_one(GpuHistory)
-        panel.display = not panel.display
-        self.refresh_filters()
-
     def refresh_filters(self) -> None:
         """Show the current filters and panels at once, without waiting for the next poll."""
         with contextlib.suppress(NoMatches):
             self._render_all()
-
-    def action_move(self, delta: int) -> None:
-        focused = self.focused
-        if isinstance(focused, LineTable):
-            if delta > 0:
-                focused.action_cursor_down()
-            else:
-                focused.action_cursor_up()
-        elif isinstance(focused, AnatomyPane):
-            if delta > 0:
-                focused.scroll_down(animate=False)
-            else:
-                focused.scroll_up(animate=False)
 
 
 def run_app(

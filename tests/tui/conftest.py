@@ -17,6 +17,7 @@ import pytest
 sys.path.insert(0, str(Path(__file__).parent))
 
 import frozen
+from screen_reader import screen_text
 
 from tui.app import AnatomyTopApp
 
@@ -26,7 +27,7 @@ def pytest_pyfunc_call(pyfuncitem: pytest.Function) -> bool | None:
     """Run ``async def`` tests in a fresh event loop (no asyncio plugin needed for Pilot tests)."""
     if not inspect.iscoroutinefunction(pyfuncitem.obj):
         return None
-    names = pyfuncitem._fixtureinfo.argnames
+    names = inspect.signature(pyfuncitem.obj).parameters  # funcargs also holds the fixtures' fixtures
     asyncio.run(pyfuncitem.obj(**{name: pyfuncitem.funcargs[name] for name in names}))
     return True
 
@@ -64,12 +65,6 @@ def make_app(utc: None) -> Callable[..., AnatomyTopApp]:
         return AnatomyTopApp(machine_source, anatomy_source, interval=interval, **kwargs)
 
     return factory
-
-
-def screen_text(app: AnatomyTopApp) -> str:
-    """The characters on screen, one line per terminal row (what a user sees, styles dropped)."""
-    strips = app.screen._compositor.render_strips()
-    return "\n".join("".join(segment.text for segment in strip) for strip in strips)
 
 
 @pytest.fixture

@@ -13,6 +13,7 @@ from typing import Any
 
 import pytest
 from rich.console import Console
+from screen_reader import screen_text
 from textual.app import App
 from textual.screen import Screen
 
@@ -37,16 +38,11 @@ class Host(App[None]):
 
     def __init__(self, screen: Screen[Any]) -> None:
         super().__init__()
-        self._screen = screen
+        self.first_screen = screen
         self.results: list[Any] = []
 
     def on_mount(self) -> None:
-        self.push_screen(self._screen, self.results.append)
-
-
-def screen_text(app: App[Any]) -> str:
-    strips = app.screen._compositor.render_strips()
-    return "\n".join("".join(segment.text for segment in strip) for strip in strips)
+        self.push_screen(self.first_screen, self.results.append)
 
 
 def plain(renderable: Any, width: int = 200) -> str:

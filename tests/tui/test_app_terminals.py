@@ -8,6 +8,7 @@ import os
 from collections.abc import Callable
 
 import frozen
+from screen_reader import screen_segments
 from textual.widgets import Static
 
 from anatomy.vocabulary import COMPONENT_HELP
@@ -24,7 +25,7 @@ ReadScreen = Callable[[AnatomyTopApp], str]
 
 
 def _segments(app: AnatomyTopApp) -> list[tuple[str, object]]:
-    return [(seg.text, seg.style) for strip in app.screen._compositor.render_strips() for seg in strip]
+    return list(screen_segments(app))
 
 
 async def _select(app: AnatomyTopApp, pilot: object, pid: int) -> None:

@@ -12,7 +12,7 @@ from typing import Any
 
 import frozen
 import pytest
-from conftest import screen_text
+from screen_reader import screen_text
 from tmux_session import Tmux, wait_for
 
 from anatomy.protocol import Suggestion

@@ -28,12 +28,13 @@ async def test_only_changed_rows_are_rendered_again_and_the_cursor_follows_its_k
         table = app.query_one(LineTable)
         table.set_rows(_rows({"a": 1, "b": 2, "c": 3}))
         await pilot.pause()
-        cached = dict(table._strips)
+        cached = table.drawn_lines
         assert set(cached) == {"a", "b", "c"}  # every visible row was drawn once
         table.set_rows(_rows({"a": 1, "b": 20, "c": 3}))
         await pilot.pause()
-        assert table._strips["a"] is cached["a"] and table._strips["c"] is cached["c"]
-        assert table._strips["b"] is not cached["b"]
+        drawn = table.drawn_lines
+        assert drawn["a"] is cached["a"] and drawn["c"] is cached["c"]
+        assert drawn["b"] is not cached["b"]
         assert table.get_cell("b", "value").plain == "20"
 
         table.move_cursor(2)  # on "c"
@@ -68,10 +69,10 @@ async def test_a_style_only_change_repaints_the_row() -> None:
         table = app.query_one(LineTable)
         table.set_rows([("a", [Text("x"), Text("1")])])
         await pilot.pause()
-        before = table._strips["a"]
+        before = table.drawn_lines["a"]
         table.set_rows([("a", [Text("x", style="strike"), Text("1")])])  # equal plain text, new style
         await pilot.pause()
-        assert table._strips["a"] is not before
+        assert table.drawn_lines["a"] is not before
 
 
 async def test_a_cells_own_style_survives_rendering() -> None:
@@ -80,7 +81,7 @@ async def test_a_cells_own_style_survives_rendering() -> None:
         table = app.query_one(LineTable)
         table.set_rows([("a", [Text("◆", style="bold green"), Text("91%", style="red")])])
         await pilot.pause()
-        styles = {seg.text: seg.style for seg in table._strips["a"] if seg.text.strip()}
+        styles = {seg.text: seg.style for seg in table.drawn_lines["a"] if seg.text.strip()}
         assert styles["◆"] is not None and styles["◆"].bold and styles["◆"].color is not None
         assert styles["◆"].color.name == "green"
         assert styles["91%"] is not None and styles["91%"].color is not None

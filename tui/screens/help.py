@@ -1,6 +1,6 @@
 """The help screen: every key the monitor answers to, and what every figure of the anatomy pane means.
 
-The key list is generated from the bindings themselves (``tui.keys``, and those widgets declare): each
+The key list is generated from the bindings themselves (``tui.monitor_keys``, and those widgets declare): each
 binding with an id and a tooltip is a row, or part of one (a test presses each listed key). The other
 words come from the shared vocabulary (``COMPONENT_HELP``: one sentence per component) and from
 GLOSSARY below, one entry per figure or word the anatomy pane shows. It scrolls: at 60x20 the arrows,
@@ -22,12 +22,11 @@ from textual.screen import ModalScreen
 from textual.widgets import Static
 
 from anatomy.vocabulary import COMPONENT_HELP
-from tui.keys import row_id
 from tui.widgets.key_bar import key_label
 
 
 class KeyRow(NamedTuple):
-    """One line of the help's key list: its id (``tui.keys.row_id``), the keys as shown, what they do."""
+    """One line of the help's key list: its id (``row_id``), the keys as shown, what they do."""
 
     id: str
     keys: str
@@ -44,7 +43,7 @@ GESTURES: dict[str, KeyRow] = {
 # Keys bound elsewhere that do what a row's bindings do (before, after the row's own keys): the tables'
 # arrows move as j and k do; Textual's App binds ctrl+q to quit.
 ALSO_BOUND: dict[str, tuple[str, str]] = {"move": ("↑ ↓", ""), "quit": ("", "ctrl+q")}
-# The rows in the order the help lists them: binding rows (``tui.keys.row_id``) and gestures. A binding
+# The rows in the order the help lists them: binding rows (``row_id``) and gestures. A binding
 # row missing here is listed after these, never left out.
 ORDER: tuple[str, ...] = (
     "move",
@@ -72,6 +71,11 @@ ORDER: tuple[str, ...] = (
     "help",
     "quit",
 )
+
+
+def row_id(binding: Binding) -> str | None:
+    """The help row a binding belongs to: its id up to the first dot."""
+    return None if binding.id is None else binding.id.split(".", 1)[0]
 
 
 def bindings_of(nodes: Iterable[DOMNode]) -> list[Binding]:

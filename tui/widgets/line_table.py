@@ -148,6 +148,12 @@ class LineTable(ScrollView):
     def get_row(self, key: str) -> tuple[Text, ...]:
         return self._cells[key]
 
+    @property
+    def drawn_lines(self) -> dict[str, Strip]:
+        """The rows' lines as last drawn, by row key (a copy): a row whose cells did not change keeps
+        its line across refreshes, which is what keeps a refresh cheap."""
+        return dict(self._strips)
+
     def get_cell(self, key: str, column: str) -> Text:
         return self._cells[key][self._column_index[column]]
 
