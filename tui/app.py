@@ -95,7 +95,6 @@ class AnatomyTopApp(MonitorKeys):
         self.machine_source = machine_source
         self.anatomy_source = anatomy_source
         self.interval = clamp_interval(interval)
-        self.paused = False
         # What the terminal can show (colour, Unicode); the display filter enforces it on every line.
         self.caps = caps if caps is not None else Display()
         self._restore_scrollbars = display_filter.install(self._filters, self.caps)
@@ -116,12 +115,10 @@ class AnatomyTopApp(MonitorKeys):
         self.selection = Selection(self)  # the process under the table's cursor, and its actions
         # A training job known to be starting (the demo's): the anatomy pane waits for it by name.
         self.starting_pid = starting_pid
-        self.gpu_mode: str | None = None  # None: by width (full side by side, compact below); else f's choice
         self.training: list[TrainingProcess] = []
         self.host_figures: dict[int, GpuProcess] = {}
         self.errors: list[str] = []
         self.polls = 0  # completed polls, for tests and the status line
-        self.pane = PANE_NVSMI
         self.anatomy_pid: int | None = None  # the publishing process the anatomy pane follows
         self._handle_signals = handle_signals
         self._monotonic = monotonic  # the clock of TrainingProcess.updated_at

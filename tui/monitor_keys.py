@@ -20,6 +20,7 @@ from textual import on
 from textual.app import App
 from textual.binding import Binding, BindingType
 from textual.css.query import NoMatches
+from textual.reactive import var
 from textual.timer import Timer
 from textual.widgets import Input
 
@@ -127,12 +128,15 @@ class MonitorKeys(App[int]):
 
     BINDINGS: ClassVar[list[BindingType]] = MONITOR_BINDINGS
 
-    # The app's state these keys change or read (set in AnatomyTopApp.__init__).
+    # The screen's state the keys change: each watcher below shows a change, whoever made it.
+    paused: var[bool] = var(False, init=False)  # p: no polls until p again
+    pane: var[str] = var(PANE_NVSMI, init=False)  # tab: the pane in front (one at a time when narrow)
+    # f's choice of GPU table layout; None: by width (full side by side, compact below)
+    gpu_mode: var[str | None] = var(None, init=False, always_update=True)
+
+    # The app's state these keys read (set in AnatomyTopApp.__init__).
     anatomy_source: AnatomySourceLike
     interval: float
-    paused: bool
-    pane: str
-    gpu_mode: str | None  # None: by width (full side by side, compact below); else f's choice
     selection: Selection
     training: list[TrainingProcess]
     anatomy_pid: int | None
@@ -176,10 +180,12 @@ class MonitorKeys(App[int]):
         if self.screen is not self.screen_stack[0]:  # the help screen (or another modal) is up
             return
         self.pane = PANE_ANATOMY if self.pane == PANE_NVSMI else PANE_NVSMI
+
+    def watch_pane(self, pane: str) -> None:
         body = self.query_one("#body")
-        body.set_class(self.pane == PANE_NVSMI, f"-pane-{PANE_NVSMI}")
-        body.set_class(self.pane == PANE_ANATOMY, f"-pane-{PANE_ANATOMY}")
-        if self.pane == PANE_ANATOMY:
+        body.set_class(pane == PANE_NVSMI, f"-pane-{PANE_NVSMI}")
+        body.set_class(pane == PANE_ANATOMY, f"-pane-{PANE_ANATOMY}")
+        if pane == PANE_ANATOMY:
             self.query_one(AnatomyPane).focus()
         else:
             self.query_one(ProcessTable).focus()
@@ -198,6 +204,8 @@ class MonitorKeys(App[int]):
         at any width."""
         current = self.query_one(GpuTable).mode
         self.gpu_mode = COMPACT if current == FULL else FULL
+
+    def watch_gpu_mode(self) -> None:
         self._apply_layout()
 
     def action_cycle_sort(self) -> None:
@@ -226,7 +234,9 @@ class MonitorKeys(App[int]):
 
     def action_pause(self) -> None:
         self.paused = not self.paused
-        if self.paused:
+
+    def watch_paused(self, paused: bool) -> None:
+        if paused:
             if self._timer is not None:
                 self._timer.stop()
         else:

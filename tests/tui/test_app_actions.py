@@ -186,6 +186,31 @@ async def test_escape_sends_nothing(box: tuple[Children, Callable[..., AnatomyTo
         assert children.procs["plain"].poll() is None
 
 
+async def test_the_tree_asks_the_selection_to_signal_its_own_selection(
+    box: tuple[Children, Callable[..., AnatomyTopApp]],
+) -> None:
+    children, make = box
+    pid = children.pid("plain")
+    app = make()
+    async with app.run_test(size=(120, 40)) as pilot:
+        await app.wait_for_poll()
+        await select(app, pilot, pid)
+        await pilot.press("t")
+        await pilot.pause()
+        tree = app.screen
+        assert isinstance(tree, TreeScreen)
+        await until(pilot, lambda: tree.builds >= 1 and tree.selected is not None)
+        assert tree.selected is not None and tree.selected.pid == pid
+        await pilot.press("K")  # posted by the tree, answered by the app's Selection
+        await until(pilot, lambda: isinstance(app.screen, SignalDialog))
+        assert isinstance(app.screen, SignalDialog) and app.screen.target.pid == pid
+        assert app.screen.selected == "kill"
+        await pilot.press("escape")
+        await until(pilot, lambda: app.screen is tree)
+        assert app.action_messages[-1] == f"cancelled: nothing sent to PID {pid}"
+        assert children.procs["plain"].poll() is None
+
+
 @pytest.mark.skipif(not IS_ROOT, reason="needs root and setpriv")
 async def test_root_signals_another_users_process_after_seeing_whose_it_is(
     box: tuple[Children, Callable[..., AnatomyTopApp]],
