@@ -9,7 +9,7 @@ import asyncio
 import os
 import signal
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -98,18 +98,24 @@ def driver(monkeypatch: pytest.MonkeyPatch) -> Iterator[tuple[HangupSafeDriver, 
         signal.signal(sig, handler)
 
 
+def _handler(sig: signal.Signals, driver: HangupSafeDriver) -> Callable[[int, Any], Any]:
+    """The handler ``driver`` installed for ``sig``: what the kernel runs on it."""
+    handler = signal.getsignal(sig)
+    assert callable(handler) and getattr(handler, "__self__", None) is driver, handler
+    return handler
+
+
 def test_a_hangups_sigcont_resumes_nothing(driver: tuple[HangupSafeDriver, list[str]]) -> None:
     drv, calls = driver
-    assert signal.getsignal(signal.SIGCONT) == drv._sigcont_application  # what the kernel's SIGCONT runs
-    drv._sigcont_application(signal.SIGCONT, None)
+    _handler(signal.SIGCONT, drv)(signal.SIGCONT, None)  # what the kernel's SIGCONT runs
     assert calls == []
 
 
 def test_ctrl_z_then_fg_still_suspends_and_resumes(driver: tuple[HangupSafeDriver, list[str]]) -> None:
     drv, calls = driver
-    drv._sigtstp_application(signal.SIGTSTP, None)
-    drv._sigcont_application(signal.SIGCONT, None)
-    drv._sigcont_application(signal.SIGCONT, None)  # a second, stray one: nothing more
+    _handler(signal.SIGTSTP, drv)(signal.SIGTSTP, None)
+    _handler(signal.SIGCONT, drv)(signal.SIGCONT, None)
+    _handler(signal.SIGCONT, drv)(signal.SIGCONT, None)  # a second, stray one: nothing more
     assert calls == ["suspend", "resume"]
 
 
