@@ -4,10 +4,10 @@ it) and a ``tooltip``, the sentence the help screen (``tui.screens.help``) shows
 and interval, the OOM record, the selected process's actions through ``tui.selection``). Polling and
 drawing are the app's (``tui.app``); the methods this class calls of it are declared below.
 
-Their order is the key bar's (those with ``show``); the help orders its rows by the part of the id
-before the first dot, which also puts bindings on one row (``signal.kill``, ``signal.terminate``).
-Widgets and screens declare their own keys beside the code that answers them (``l`` on the anatomy
-pane, the cursor keys on the tables, each screen's keys on the screen).
+Their order is the key bar's (those with ``show``). The help puts bindings whose ids share the part
+before the first dot on one row (``signal.kill``, ``signal.terminate``: "T  K  I") and orders the rows
+by that part (``tui.screens.help.ORDER``). Widgets and screens declare their own keys beside the code
+that answers them (``l`` on the anatomy pane, the cursor keys on the tables, each screen's on it).
 """
 
 from __future__ import annotations

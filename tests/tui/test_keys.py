@@ -3,14 +3,17 @@ the help's key list is generated from those declarations."""
 
 from __future__ import annotations
 
+from typing import ClassVar
+
 import pytest
-from textual.binding import Binding
+from textual.binding import Binding, BindingType
 from textual.dom import DOMNode
+from textual.widget import Widget
 
 from tui.app import AnatomyTopApp
 from tui.monitor_keys import MONITOR_BINDINGS
 from tui.screens.environ import EnvironScreen
-from tui.screens.help import GESTURES, ORDER, HelpScreen, KeyRow, key_rows, row_id
+from tui.screens.help import GESTURES, ORDER, HelpScreen, KeyRow, bindings_of, key_rows, row_id
 from tui.screens.plan_like import PlanLikeScreen
 from tui.screens.signal_dialog import SignalDialog
 from tui.screens.tree import TreeScreen
@@ -75,3 +78,17 @@ def test_the_key_bar_shows_the_shown_bindings_in_their_order() -> None:
     shown = [b for b in MONITOR_BINDINGS if isinstance(b, Binding) and b.show]
     assert [action for _, _, action in spans] == [b.action for b in shown]
     assert text.plain.startswith(" q  Quit   ?  Help   tab  Pane ")
+
+
+def test_a_widget_brings_its_base_classes_keys_once() -> None:
+    class Base(Widget):
+        BINDINGS: ClassVar[list[BindingType]] = [Binding("a", "a", id="a", tooltip="base's")]
+
+    class Derived(Base):
+        BINDINGS: ClassVar[list[BindingType]] = [
+            Binding("b", "b", id="b", tooltip="its own"),
+            Binding("c", "c"),  # no id, no tooltip: not for the help
+        ]
+
+    found = bindings_of([Derived(), Derived(), Base()])
+    assert sorted(b.id or "" for b in found) == ["a", "b"]

@@ -80,14 +80,16 @@ def row_id(binding: Binding) -> str | None:
 
 def bindings_of(nodes: Iterable[DOMNode]) -> list[Binding]:
     """The bindings with an id and a tooltip that ``nodes`` (an app, the widgets on its main screen)
-    declare, each class's once, in the order met."""
-    seen: set[type[DOMNode]] = set()
+    declare, their base classes' too (Textual merges those), each class's once, in the order met."""
+    seen: set[type] = set()
     found: list[Binding] = []
     for node in nodes:
-        if type(node) in seen:
-            continue
-        seen.add(type(node))
-        found += [b for b in type(node).BINDINGS if isinstance(b, Binding) and b.id and b.tooltip]
+        for cls in type(node).__mro__:
+            if cls in seen:
+                continue
+            seen.add(cls)
+            declared = vars(cls).get("BINDINGS", ())
+            found += [b for b in declared if isinstance(b, Binding) and b.id and b.tooltip]
     return found
 
 
