@@ -24,20 +24,14 @@ Only ``anatomy.hook`` (torch) is imported with this module; Lightning itself is 
 from __future__ import annotations
 
 import importlib
-import logging
 import sys
-from pathlib import Path
 from typing import Any
 
 import torch
 
+from anatomy.hook.callback_base import CallbackBase
 from anatomy.hook.lightning_logs import log_snapshot
-from anatomy.hook.schedule import SAMPLE_EVERY
-from anatomy.hook.tracker import Tracker, hook_disabled, track
-from anatomy.recorder import RecordSetting
-
-log = logging.getLogger("anatomy")
-
+from anatomy.hook.tracker import hook_disabled
 
 _PACKAGES = ("lightning.pytorch", "pytorch_lightning")
 
@@ -78,40 +72,14 @@ def _optimizers(trainer: Any) -> list[Any]:
     return [opt for opt in (getattr(trainer, "optimizers", None) or []) if opt is not None]
 
 
-class _AnatomyCallback:
-    """Measures every optimizer step of a Lightning ``fit`` and publishes it to anatomy-top."""
+class _AnatomyCallback(CallbackBase):
+    """Measures every optimizer step of a Lightning ``fit`` and publishes it to anatomy-top.
 
-    def __init__(
-        self,
-        *,
-        publish: bool = True,
-        interval_s: float = 0.5,
-        sample_every: int = SAMPLE_EVERY,
-        directory: Path | None = None,
-        log: bool = True,
-        record: RecordSetting = None,
-    ) -> None:
-        super().__init__()
-        self.publish = publish
-        # The anatomy to the trainer's loggers at its logging steps. Not ``self.log``: Lightning assigns the
-        # module's ``log``/``log_dict`` to every callback's attributes of those names when fit starts.
-        self.log_to_loggers = log
-        self.interval_s = interval_s
-        self.sample_every = sample_every
-        self.directory = directory
-        # The flight recorder, as ``anatomy.track(record=...)``: None as ANATOMY_TOP_RECORD says, False off,
-        # a path: that directory.
-        self.record = record
-        self.tracker: Tracker | None = None
-        self._in_batch = False
+    Keyword settings (``publish``, ``interval_s``, ``sample_every``, ``directory``, ``log``, ``record``):
+    :class:`anatomy.hook.callback_base.CallbackBase`."""
 
-    def _guard(self, event: str, fn: Any, *args: Any) -> None:
-        try:
-            fn(*args)
-        except Exception as exc:  # a callback error would stop the fit: never let one out
-            log.warning(
-                "anatomy: the Lightning callback's %s failed (%s: %s)", event, type(exc).__name__, exc
-            )
+    framework = "Lightning"
+    _in_batch = False  # set per instance: inside a training batch's step block
 
     # -- life cycle -------------------------------------------------------------------------------
 
@@ -121,21 +89,13 @@ class _AnatomyCallback:
     def _start(self, trainer: Any, pl_module: Any) -> None:
         if hook_disabled():
             return
-        tracker = self.tracker
-        if tracker is not None and (tracker.model is not pl_module or tracker.closed):
-            tracker.close()
-            tracker = self.tracker = None
+        tracker = self._current_tracker(pl_module)
         optimizers = _optimizers(trainer)
         if tracker is None:
-            tracker = self.tracker = track(
+            tracker = self._track(
                 pl_module,
                 optimizers[0] if optimizers else None,
-                publish=self.publish,
-                interval_s=self.interval_s,
-                sample_every=self.sample_every,
                 grad_accum_steps=int(getattr(trainer, "accumulate_grad_batches", 1) or 1),
-                directory=self.directory,
-                record=self.record,
             )
         elif optimizers:
             tracker.attach_optimizer(optimizers[0])
@@ -147,14 +107,7 @@ class _AnatomyCallback:
             self._guard("on_train_end", self.tracker.close)
 
     def on_exception(self, trainer: Any, pl_module: Any, exception: BaseException) -> None:
-        tracker = self.tracker
-        if tracker is None:
-            return
-        try:
-            tracker.record_oom(exception)
-            tracker.close()
-        except Exception as err:
-            log.warning("anatomy: recording the failed step failed (%s)", err)
+        self._record_failure(exception, close=True)
 
     # -- a training batch -------------------------------------------------------------------------
 

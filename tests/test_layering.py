@@ -1,6 +1,6 @@
 """The project's layering rules, checked by importing every module in a fresh interpreter:
-the monitor never imports torch, the hook never imports textual, the data layer knows no widgets,
-and `import anatomy` stays cheap."""
+the monitor never imports torch, the hook never imports textual, the data layer, the exporter and the
+reports never import the Textual app, and `import anatomy` stays cheap."""
 
 from __future__ import annotations
 
@@ -50,10 +50,22 @@ def test_hook_never_imports_textual() -> None:
     assert _loaded_after_import(modules, ("textual",)) == []
 
 
-def test_data_layer_knows_no_widgets() -> None:
-    data_layer = ("tui.sources", "tui.simnvml", "tui.report", "tui.exporter")
-    modules = [m for m in _modules("tui") if m.startswith(data_layer)]
-    assert "tui.sources.nvml" in modules and "tui.exporter.collector" in modules
+# The data layer, the exporter and the reports (--once text and JSON, the run report's HTML/PNG) run without
+# a terminal app: none of them imports the Textual app, its widgets or Textual. tui.replay is not among them:
+# it is a Textual app itself (the monitor's anatomy pane over a recorded run).
+WITHOUT_THE_APP = {
+    "tui.sources": "tui.sources.nvml",
+    "tui.simnvml": "tui.simnvml.library",
+    "tui.exporter": "tui.exporter.collector",
+    "tui.report": "tui.report.smi_text",
+    "tui.runreport": "tui.runreport.page",
+}
+
+
+@pytest.mark.parametrize("package", sorted(WITHOUT_THE_APP))
+def test_package_never_imports_the_app(package: str) -> None:
+    modules = [m for m in _modules("tui") if m == package or m.startswith(package + ".")]
+    assert WITHOUT_THE_APP[package] in modules  # the walk found the package
     assert _loaded_after_import(modules, ("textual", "tui.widgets", "tui.app")) == []
 
 

@@ -18,9 +18,7 @@ At each logging step the anatomy joins the Trainer's own logs (``anatomy/...``, 
 from __future__ import annotations
 
 import functools
-import logging
 import sys
-from pathlib import Path
 from types import FrameType
 from typing import Any
 
@@ -28,14 +26,11 @@ import torch
 from transformers import TrainerCallback
 
 from anatomy.hook import trainer_logs
+from anatomy.hook.callback_base import CallbackBase
 from anatomy.hook.detect import detect_precision
-from anatomy.hook.schedule import SAMPLE_EVERY
 from anatomy.hook.tensors import dominant_dtype
-from anatomy.hook.tracker import Tracker, hook_disabled, track
+from anatomy.hook.tracker import Tracker, hook_disabled
 from anatomy.protocol import Snapshot
-from anatomy.recorder import RecordSetting
-
-log = logging.getLogger("anatomy")
 
 _WRAPPED = "_anatomy_wrapped"
 
@@ -74,37 +69,16 @@ def _register_other_models(tracker: Tracker, trainer: Any, model: Any) -> None:
         tracker.add_model(name, value)
 
 
-class AnatomyCallback(TrainerCallback):
-    """Measures every optimizer step of a Trainer run and publishes it to anatomy-top."""
+class AnatomyCallback(CallbackBase, TrainerCallback):
+    """Measures every optimizer step of a Trainer run and publishes it to anatomy-top.
 
-    def __init__(
-        self,
-        *,
-        publish: bool = True,
-        interval_s: float = 0.5,
-        sample_every: int = SAMPLE_EVERY,
-        directory: Path | None = None,
-        log: bool = True,
-        record: RecordSetting = None,
-    ) -> None:
-        self.publish = publish
-        self.log_to_loggers = log  # the same name as the Lightning callback's (where ``log`` is Lightning's)
-        self.interval_s = interval_s
-        self.sample_every = sample_every
-        self.directory = directory
-        # The flight recorder, as ``anatomy.track(record=...)``: None as ANATOMY_TOP_RECORD says, False off,
-        # a path: that directory.
-        self.record = record
-        self.tracker: Tracker | None = None
-        self._wrapped_train = False
+    Keyword settings (``publish``, ``interval_s``, ``sample_every``, ``directory``, ``log``, ``record``):
+    :class:`anatomy.hook.callback_base.CallbackBase`."""
+
+    framework = "Trainer"
+    _wrapped_train = False  # set per instance once its Trainer's ``train`` is wrapped
 
     # -- finding the pieces -----------------------------------------------------------------------
-
-    def _guard(self, event: str, fn: Any, *args: Any) -> None:
-        try:
-            fn(*args)
-        except Exception as exc:  # a callback error would stop the Trainer: never let one out
-            log.warning("anatomy: the Trainer callback's %s failed (%s: %s)", event, type(exc).__name__, exc)
 
     def _wrap(self, trainer: Any, name: str) -> bool:
         original = getattr(trainer, name, None)
@@ -117,23 +91,12 @@ class AnatomyCallback(TrainerCallback):
             try:
                 return original(*args, **kwargs)
             except BaseException as exc:
-                callback._on_exception(exc, final=name == "train")
+                callback._record_failure(exc, close=name == "train")
                 raise
 
         setattr(wrapper, _WRAPPED, True)
         setattr(trainer, name, wrapper)
         return True
-
-    def _on_exception(self, exc: BaseException, final: bool) -> None:
-        tracker = self.tracker
-        if tracker is None:
-            return
-        try:
-            tracker.record_oom(exc)
-            if final:
-                tracker.close()
-        except Exception as err:
-            log.warning("anatomy: recording the failed step failed (%s)", err)
 
     # -- events -----------------------------------------------------------------------------------
 
@@ -166,22 +129,13 @@ class AnatomyCallback(TrainerCallback):
     def _start(self, args: Any, model: Any, optimizer: Any) -> None:
         if model is None:
             return
-        if self.tracker is not None and (self.tracker.model is not model or self.tracker.closed):
-            self.tracker.close()
-            self.tracker = None
-        if self.tracker is None:
-            self.tracker = track(
-                model,
-                optimizer,
-                publish=self.publish,
-                interval_s=self.interval_s,
-                sample_every=self.sample_every,
-                grad_accum_steps=int(getattr(args, "gradient_accumulation_steps", 1) or 1),
-                directory=self.directory,
-                record=self.record,
+        tracker = self._current_tracker(model)
+        if tracker is None:
+            tracker = self._track(
+                model, optimizer, grad_accum_steps=int(getattr(args, "gradient_accumulation_steps", 1) or 1)
             )
         else:
-            self.tracker.attach_optimizer(optimizer)
+            tracker.attach_optimizer(optimizer)
         autocast = None
         if getattr(args, "bf16", False):
             autocast = torch.bfloat16
@@ -189,12 +143,12 @@ class AnatomyCallback(TrainerCallback):
             autocast = torch.float16
         if autocast is not None:
             precision = detect_precision(param_dtype=dominant_dtype(model), autocast_dtype=autocast)
-            self.tracker.set_precision(precision, grad_scaler=autocast == torch.float16)
+            tracker.set_precision(precision, grad_scaler=autocast == torch.float16)
         trainer = _find_trainer() if not hook_disabled() else None
         if not self._wrapped_train and trainer is not None:
             self._wrap(trainer, "training_step")
         if trainer is not None:
-            _register_other_models(self.tracker, trainer, model)
+            _register_other_models(tracker, trainer, model)
 
     def on_step_begin(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
         if self.tracker is not None:

@@ -13,6 +13,7 @@ The package, by responsibility (each module's docstring says more):
 * ``timeline``  — the allocation timeline of a fake step and its replay into phase peaks
 * ``kernels``   — CUDA kernels' memory on fake CPU tensors (dropout masks, fused attention, autocast)
 * ``profile``   — the fake forward + backward: a StepProfile
+* ``quiet``     — transformers' log and Python's warnings off while the plan builds a model; stdlib only
 * ``depth``     — deep models from shallow runs (linear in each stack's depth)
 * ``planner``   — Planner: states + profile -> PlanResult (``result``), GPU from ``gpu``
 * ``search``    — the technique table, the best combination, the largest batch that fits

@@ -158,6 +158,12 @@ def _defer_dynamo() -> bool:
     return True
 
 
+def dynamo_deferred() -> bool:
+    """Whether ``torch._dynamo`` is registered but not executed (:func:`lean_imports` deferred it and
+    nothing has used more of it than the stand-ins yet)."""
+    return isinstance(sys.modules.get(_DYNAMO), _DeferredDynamo)
+
+
 def lean_imports() -> bool:
     """Answer "not installed" for accelerate, DeepSpeed and torch.distributed to transformers and defer
     ``torch._dynamo``; False if it is too late (model code already imported) or turned off."""
@@ -177,4 +183,4 @@ def lean_imports() -> bool:
     return True
 
 
-__all__ = ["lean_imports"]
+__all__ = ["dynamo_deferred", "lean_imports"]

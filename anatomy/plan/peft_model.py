@@ -166,7 +166,7 @@ def adapted_states(config: Any, task: Any, settings: PlanSettings, name: str) ->
     import torch
 
     from anatomy.plan.model import build_model
-    from anatomy.plan.profile import warnings_off
+    from anatomy.plan.quiet import warnings_off
     from anatomy.plan.states import model_states
 
     try:

@@ -27,7 +27,8 @@ from anatomy.plan.gpu import resolve_gpu
 from anatomy.plan.model import build_model, model_class, prepare_config
 from anatomy.plan.moe import routing_note
 from anatomy.plan.peft_model import adapted_states, adapter_key, adapter_notes
-from anatomy.plan.profile import StepProfile, run_step_profile, warnings_off
+from anatomy.plan.profile import StepProfile, run_step_profile
+from anatomy.plan.quiet import warnings_off
 from anatomy.plan.result import PlanResult
 from anatomy.plan.settings import PlanError, PlanSettings, Target, Task, check_gpu, check_settings
 from anatomy.plan.states import (
@@ -300,16 +301,6 @@ class Planner:
                 f"{settings.batch_size * settings.grad_accum}"
             )
         return notes
-
-    def savings(self, settings: PlanSettings) -> dict[str, int]:
-        """Technique key -> bytes of peak the technique alone would save (the advisor's ``savings``)."""
-        from anatomy.plan.search import single_techniques
-
-        base = self.plan(settings).peak_bytes
-        return {
-            key: max(0, base - self.plan(variant).peak_bytes)
-            for key, variant in single_techniques(settings, self.supports_checkpointing)
-        }
 
 
 def plan(model: str, settings: PlanSettings, gpu: str | None = None) -> PlanResult:

@@ -20,9 +20,6 @@ micro-batch runs with the gradients already present.
 from __future__ import annotations
 
 import contextlib
-import logging
-import warnings
-from collections.abc import Iterator
 from dataclasses import dataclass, fields, replace
 from typing import Any
 
@@ -33,6 +30,7 @@ from anatomy.plan.kernels import cuda_kernels
 from anatomy.plan.model import build_model, enable_checkpointing, make_inputs
 from anatomy.plan.moe import fake_grouped_mm
 from anatomy.plan.peft_model import adapt
+from anatomy.plan.quiet import warnings_off
 from anatomy.plan.settings import PlanError, PlanSettings, Target
 from anatomy.plan.timeline import Category, Mark, PhasePeak, Timeline, replay, zero_categories
 from anatomy.plan.values import is_fake
@@ -152,19 +150,6 @@ class _InitValues(TorchDispatchMode):
         return func(*args, **(kwargs or {}))
 
 
-@contextlib.contextmanager
-def warnings_off() -> Iterator[None]:
-    tlog = logging.getLogger("transformers")
-    level = tlog.level
-    tlog.setLevel(logging.ERROR)
-    try:
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")
-            yield
-    finally:
-        tlog.setLevel(level)
-
-
 def run_step_profile(config: Any, workload: Workload, settings: PlanSettings) -> StepProfile:
     """Run forward + backward of ``config``'s model on fake tensors and replay the memory timeline."""
     from torch._subclasses.fake_tensor import FakeTensorMode
@@ -270,4 +255,4 @@ def run_step_profile(config: Any, workload: Workload, settings: PlanSettings) ->
     )
 
 
-__all__ = ["StepProfile", "autocast", "run_step_profile", "warnings_off", "zero_categories"]
+__all__ = ["StepProfile", "autocast", "run_step_profile", "zero_categories"]

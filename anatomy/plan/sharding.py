@@ -276,7 +276,7 @@ def rank_plan(planner: Any, settings: PlanSettings, kind: str, n: int, gpu: str 
 
     from anatomy.plan.model import build_model
     from anatomy.plan.planner import ALLOCATOR_HEADROOM
-    from anatomy.plan.profile import warnings_off
+    from anatomy.plan.quiet import warnings_off
     from anatomy.plan.states import optimizer_step_temporary_bytes
     from anatomy.plan.timeline import Category
 

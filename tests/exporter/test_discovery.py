@@ -85,11 +85,11 @@ def test_root_finds_every_users_runtime_directory(tmp_path: Path, monkeypatch: p
 
 def test_explicit_dirs_cover_their_subdirectories(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("ANATOMY_TOP_DIR", str(tmp_path / "absent"))
-    monkeypatch.setattr(discovery, "_every_users_dirs", list)  # this machine's users are not the test's
     parent = _dir(tmp_path / "shared", 0o755)
     pods = [_dir(parent / "pod-a"), _dir(parent / "pod-b")]
     (parent / "pod-c").symlink_to(pods[0])  # a link to a directory is not followed
-    trusted, rejected = runtime_dirs([parent], euid=os.geteuid())
+    # every_user=False: this machine's other users are not the test's
+    trusted, rejected = runtime_dirs([parent], euid=os.geteuid(), every_user=False)
     assert [d.path for d in trusted] == [parent, *pods]
     assert rejected == []
 
@@ -98,16 +98,15 @@ def test_a_sticky_shared_parent_is_not_read_but_its_private_subdirectories_are(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setenv("ANATOMY_TOP_DIR", str(tmp_path / "absent"))
-    monkeypatch.setattr(discovery, "_every_users_dirs", list)
     parent = _dir(tmp_path / "shared", 0o1777)  # like /tmp: anyone creates, nobody removes another's
     pod = _dir(parent / "pod-a")
     loose = _dir(parent / "pod-b", 0o777)
-    trusted, rejected = runtime_dirs([parent], euid=os.geteuid())
+    trusted, rejected = runtime_dirs([parent], euid=os.geteuid(), every_user=False)
     assert [d.path for d in trusted] == [pod]
     assert [r.path for r in rejected] == [loose], "no warning for the sticky parent itself"
     # Without the sticky bit, a world-writable parent is refused like any other.
     os.chmod(parent, 0o777)
-    _, rejected = runtime_dirs([parent], euid=os.geteuid())
+    _, rejected = runtime_dirs([parent], euid=os.geteuid(), every_user=False)
     assert [r.path for r in rejected] == [parent, loose]
 
 

@@ -86,7 +86,7 @@ class Stack:
         self.prom_url = ""
         self.timings: dict[str, float] = {}
 
-    def _start(self, args: list[str], log: str, **env: str) -> subprocess.Popen[Any]:
+    def launch(self, args: list[str], log: str, **env: str) -> subprocess.Popen[Any]:
         full_env = {k: v for k, v in os.environ.items() if not k.startswith("ANATOMY_TOP")}
         full_env.update(ANATOMY_TOP_DIR=str(self.runtime), PYTHONPATH=str(REPO), **env)
         with open(self.base / log, "wb") as out:
@@ -99,11 +99,11 @@ class Stack:
     def start(self) -> None:
         from tui.demo import build_scenario
 
-        self.train = self._start([sys.executable, "-m", "tui.demo_train", *SMALL], "train.log")
+        self.train = self.launch([sys.executable, "-m", "tui.demo_train", *SMALL], "train.log")
         _wait_for("lingering", self.base / "train.log", self.train, 180)
         scenario = self.base / "scenario.json"
         build_scenario(self.train.pid, [], n_gpus=2).to_json(scenario)
-        exporter = self._start(
+        exporter = self.launch(
             [sys.executable, "-m", "tui.cli", "exporter", "--listen", "127.0.0.1:0", "--hostname", "node-a"],
             "exporter.log",
             ANATOMY_TOP_SIMULATE=str(scenario),
@@ -115,7 +115,7 @@ class Stack:
         config = self.base / "prometheus.yml"
         config.write_text(CONFIG.format(target=target.group(1), rules=RULES))
         started = time.monotonic()
-        prom = self._start(
+        prom = self.launch(
             [
                 shutil.which("prometheus") or "prometheus",
                 f"--config.file={config}",

@@ -20,6 +20,8 @@ from typing import Any
 
 import pytest
 import torch
+
+# TorchDispatchMode has no public name in torch (the plan's own timeline subclasses it too).
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from anatomy.vocabulary import Phase, Precision

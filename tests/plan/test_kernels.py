@@ -15,8 +15,8 @@ def test_cuda_target_keeps_one_byte_dropout_masks(tiny_configs: dict) -> None:
     dropped element. BERT (eager attention, so both targets run the same attention code) drops the
     embeddings, each layer's attention probabilities (B x heads x S x S), attention and FFN outputs
     (B x S x H each) and the pooled output (B x H)."""
-    cfg = copy.deepcopy(tiny_configs["bert"])
-    cfg._attn_implementation = "eager"
+    bert = tiny_configs["bert"]
+    cfg = type(bert).from_dict(bert.to_dict(), attn_implementation="eager")
     planner = Planner(cfg, "sequence-classification")
     b, s, h, heads, layers = 2, 32, cfg.hidden_size, cfg.num_attention_heads, cfg.num_hidden_layers
     cpu = planner.plan(PlanSettings(batch_size=b, seq_len=s, target="cpu", padded=False))

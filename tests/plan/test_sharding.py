@@ -53,6 +53,7 @@ def test_ddp_buckets_are_the_reducers_assignment(tiny_configs: dict[str, Any]) -
     params = [p for p in model.parameters() if p.requires_grad]
     shapes = tuple(ParamShape(tuple(p.shape), p.element_size()) for p in params)
     rev = list(reversed(params))
+    # DDP's Reducer assigns its buckets here; torch has no public way to ask it (it is what we model).
     indices, _ = torch.distributed._compute_bucket_assignment_by_size(
         rev, [DDP_FIRST_BUCKET_BYTES, DDP_BUCKET_CAP_BYTES], [False] * len(rev), list(range(len(rev)))
     )

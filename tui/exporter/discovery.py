@@ -108,13 +108,14 @@ def _every_users_dirs() -> list[Path]:
     return sorted(found)
 
 
-def candidates(extra: Sequence[Path], euid: int) -> list[Path]:
-    """Every directory worth checking, in a stable order, without duplicates."""
+def candidates(extra: Sequence[Path], euid: int, every_user: bool | None = None) -> list[Path]:
+    """Every directory worth checking, in a stable order, without duplicates. ``every_user``: every
+    user's runtime directories too (None: when ``euid`` is root's)."""
     paths: list[Path] = [protocol.runtime_dir()]
     for directory in extra:
         paths.append(directory)
         paths += _subdirs(directory)
-    if euid == 0:
+    if (euid == 0) if every_user is None else every_user:
         paths += _every_users_dirs()
     unique: dict[str, Path] = {}
     for path in paths:
@@ -133,14 +134,15 @@ def shared_parent(path: Path) -> bool:
 
 
 def runtime_dirs(
-    extra: Sequence[Path] = (), euid: int | None = None
+    extra: Sequence[Path] = (), euid: int | None = None, every_user: bool | None = None
 ) -> tuple[list[RuntimeDir], list[Rejected]]:
-    """The trusted directories to read now, and those refused (with why)."""
+    """The trusted directories to read now, and those refused (with why); ``every_user`` as for
+    :func:`candidates`."""
     euid = os.geteuid() if euid is None else euid
     parents = {os.path.normpath(os.path.abspath(p)) for p in extra}
     trusted: list[RuntimeDir] = []
     rejected: list[Rejected] = []
-    for path in candidates(extra, euid):
+    for path in candidates(extra, euid, every_user):
         verdict = check_dir(path, euid)
         if isinstance(verdict, RuntimeDir):
             if len(trusted) < MAX_DIRS:

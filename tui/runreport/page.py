@@ -20,11 +20,11 @@ from anatomy.protocol import Hello, Snapshot, Suggestion
 from anatomy.runs import Run, RunGroup
 from anatomy.units import fmt_bytes
 from anatomy.vocabulary import COMPONENT_LABELS, OP_GROUP_LABELS, Component, OpGroup
+from tui.component_styles import COMPONENT_STYLES
 from tui.format import fmt_duration, fmt_seconds
 from tui.runreport import svg
 from tui.runreport.charts import Chart, Event, Series, thin
 from tui.sources.jobs import STRAGGLER_RATIO
-from tui.widgets.bars import COMPONENT_STYLES
 
 PHASE_COLOURS = {"forward": "#608ab1", "backward": "#d0b344", "optimizer": "#98729f", "other": "#9a9b99"}
 OP_GROUP_COLOURS = {

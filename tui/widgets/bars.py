@@ -12,27 +12,12 @@ from collections.abc import Sequence
 from rich.text import Text
 
 from anatomy.vocabulary import Component
+from tui.component_styles import COMPONENT_STYLES
 
 FULL = "█"
 EMPTY = "░"
 _EIGHTHS = " ▏▎▍▌▋▊▉"
 
-COMPONENT_STYLES: dict[Component, str] = {
-    Component.CUDA_CONTEXT: "bright_black",
-    Component.ALLOCATOR_CACHE: "white",
-    Component.RUNTIME: "bright_black",
-    Component.WEIGHTS: "blue",
-    Component.UNSHARDED_PARAMETERS: "bright_blue",
-    Component.OTHER_MODELS: "steel_blue",
-    Component.OPTIMIZER_STATES: "magenta",
-    Component.GRADIENTS: "yellow",
-    Component.ACTIVATIONS: "green",
-    Component.INPUTS: "bright_green",
-    Component.COMMUNICATION_BUFFERS: "bright_cyan",
-    Component.TEMPORARIES: "cyan",
-    # Grey, not red: unattributed memory is not an alarm, and red means "full" in the GPU bars.
-    Component.UNATTRIBUTED: "grey58",
-}
 COMPONENT_LETTERS: dict[Component, str] = {
     Component.CUDA_CONTEXT: "C",
     Component.ALLOCATOR_CACHE: "K",
