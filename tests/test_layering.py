@@ -77,12 +77,8 @@ def test_import_anatomy_is_cheap(module: str) -> None:
 # Import circles among our own modules: a static walk of every ``import`` and ``from … import``, those
 # inside functions included (a deferred import still ties the two modules together), those under
 # ``if TYPE_CHECKING:`` left out (they never run). Each set is one circle's modules.
-KNOWN_CIRCLES: set[frozenset[str]] = {
-    # Being removed by the engineers who own the planner; delete each line once its circle is gone.
-    # (anatomy.hook.record <-> trace is a TYPE_CHECKING import only: no circle at run time.)
-    frozenset({"anatomy.plan.planner", "anatomy.plan.search"}),
-    frozenset({"anatomy.plan.peft_model", "anatomy.plan.profile"}),
-}
+KNOWN_CIRCLES: set[frozenset[str]] = set()  # none: a new circle is a design question, not an exemption
+# (anatomy.hook.record -> trace is a TYPE_CHECKING import only: no circle at run time.)
 
 
 def _module_of(path: Path) -> str:
