@@ -19,10 +19,10 @@ Two measurements, each against a baseline taken in the same run, rounds interlea
 2. over HTTP, what Prometheus sees: ``GET /metrics`` from a running ``anatomy-top exporter`` process
    (OpenMetrics, gzip: Prometheus' Accept headers), wall time and the exporter's CPU time per scrape,
    against ``GET /`` on the same server (the HTTP floor: connection, thread, headers) and against
-   ``nvitop-exporter`` (the peer, if installed) serving the same simulated box at the same cost per call.
-   nvitop-exporter collects in a background thread every second and serves its last result; ours reads
-   NVML once for each scrape (just before it once scrapes come at a steady interval). Both processes run
-   side by side, their scrapes interleaved.
+   ``nvitop-exporter`` (the peer, if installed: ``pip install -e .[bench]``) serving the same simulated
+   box at the same cost per call. nvitop-exporter collects in a background thread every second and
+   serves its last result; ours reads NVML once for each scrape (just before it once scrapes come at a
+   steady interval). Both processes run side by side, their scrapes interleaved.
 
 Also printed: the series one scrape holds, by family, and the arithmetic for 1,000 such nodes.
 
