@@ -7,8 +7,7 @@ from __future__ import annotations
 import json
 import math
 from collections.abc import Mapping
-from dataclasses import asdict
-from typing import Any
+from typing import Any, TypeVar
 
 from anatomy.protocol.bounds import (
     MAX_BATCH_DIMS,
@@ -42,11 +41,27 @@ from anatomy.protocol.messages import (
     Suggestion,
     Timing,
 )
-from anatomy.vocabulary import Component, OpGroup, Phase
+from anatomy.vocabulary import Component, MemorySource, OpGroup, OptimizerKind, Phase, Precision, Source, Word
 
 
 def to_dict(msg: Message) -> dict[str, Any]:
-    return asdict(msg)
+    """The message as plain JSON-ready values (what ``dataclasses.asdict`` gives, keys and values kept as
+    they are). Not ``asdict``: it deep-copies each vocabulary member it meets, which doubled the cost of
+    encoding a snapshot keyed by members on the publisher's thread."""
+    out: dict[str, Any] = _plain(msg)
+    return out
+
+
+def _plain(value: Any) -> Any:
+    if isinstance(value, dict):
+        return {k: _plain(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_plain(v) for v in value]
+    if isinstance(value, tuple):
+        return tuple(_plain(v) for v in value)
+    if hasattr(type(value), "__dataclass_fields__"):
+        return {name: _plain(getattr(value, name)) for name in type(value).__dataclass_fields__}
+    return value
 
 
 def encode(msg: Message, validate: bool = True) -> bytes:
@@ -128,8 +143,8 @@ def _hello_from(d: Mapping[str, Any]) -> Hello:
         pid=_req(d, "pid", int),
         host=_req(d, "host", str),
         device=_req(d, "device", str),
-        precision=_req(d, "precision", str),
-        optimizer=_req(d, "optimizer", str),
+        precision=_word(Precision, _req(d, "precision", str)),
+        optimizer=_word(OptimizerKind, _req(d, "optimizer", str)),
         model_class=_req(d, "model_class", str),
         parameter_count=_req(d, "parameter_count", int),
         torch_version=_req(d, "torch_version", str),
@@ -203,9 +218,23 @@ def _shape(d: Mapping[str, Any], key: str) -> tuple[int, ...] | None:
     return tuple(value)
 
 
-_COMPONENT_KEYS = {c.value for c in Component}
-_OPGROUP_KEYS = {g.value for g in OpGroup}
-_PHASE_KEYS = {p.value for p in Phase}
+# Decode hands back the members it validates, never their strings: value -> member.
+_COMPONENTS = {c.value: c for c in Component}
+_OPGROUPS = {g.value: g for g in OpGroup}
+_PHASES = {p.value: p for p in Phase}
+_COMPONENT_KEYS = set(_COMPONENTS)
+_OPGROUP_KEYS = set(_OPGROUPS)
+
+_W = TypeVar("_W", bound=Word)
+
+
+def _word(kind: type[_W], value: str) -> _W | str:
+    """The member a known word names; an unknown one (a newer hook's precision, say) stays its string,
+    as decode never refused it."""
+    try:
+        return kind(value)
+    except ValueError:
+        return value
 
 
 def _keyed(
@@ -222,13 +251,15 @@ def _keyed(
 
 def _snapshot_from(d: Mapping[str, Any]) -> Snapshot:
     memory_raw = _keyed(d, "memory", _COMPONENT_KEYS) or {}
-    memory = {k: _bytes(memory_raw, k) for k in memory_raw}
+    memory: dict[str, int | None] = {_COMPONENTS[k]: _bytes(memory_raw, k) for k in memory_raw}
     at_peak_raw = _keyed(d, "at_peak", _COMPONENT_KEYS, nullable=True)
-    at_peak = None
+    at_peak: dict[str, int | None] | None = None
     if at_peak_raw is not None:
-        at_peak = {k: _bytes(at_peak_raw, k) for k in at_peak_raw}
+        at_peak = {_COMPONENTS[k]: _bytes(at_peak_raw, k) for k in at_peak_raw}
     expected_raw = _keyed(d, "expected_bytes_per_param", _COMPONENT_KEYS) or {}
-    expected = {k: _opt_num(expected_raw, k, MAX_BYTES_PER_PARAM) for k in expected_raw}
+    expected: dict[str, float | None] = {
+        _COMPONENTS[k]: _opt_num(expected_raw, k, MAX_BYTES_PER_PARAM) for k in expected_raw
+    }
     cuda_raw = _req(d, "cuda", dict, nullable=True)
     cuda = None
     if cuda_raw is not None:
@@ -243,16 +274,18 @@ def _snapshot_from(d: Mapping[str, Any]) -> Snapshot:
         }
     )
     groups_raw = _keyed(d, "op_groups", _OPGROUP_KEYS, nullable=True)
-    groups = None
+    groups: dict[str, OpGroupStat] | None = None
     if groups_raw is not None:
         groups = {}
         for k, v in groups_raw.items():
             if not isinstance(v, dict):
                 raise ProtocolError(f"op_groups[{k!r}] is not an object")
-            groups[k] = OpGroupStat(flops=_opt_num(v, "flops"), time_s=_opt_num(v, "time_s", MAX_SECONDS))
-    phase = _req(d, "peak_phase", str, nullable=True)
-    if phase is not None and phase not in _PHASE_KEYS:
-        raise ProtocolError(f"unknown peak_phase {phase!r}")
+            flops, time_s = _opt_num(v, "flops"), _opt_num(v, "time_s", MAX_SECONDS)
+            groups[_OPGROUPS[k]] = OpGroupStat(flops=flops, time_s=time_s)
+    phase_raw = _req(d, "peak_phase", str, nullable=True)
+    phase = None if phase_raw is None else _PHASES.get(phase_raw)
+    if phase_raw is not None and phase is None:
+        raise ProtocolError(f"unknown peak_phase {phase_raw!r}")
     suggestions_raw = _req(d, "suggestions", list, nullable=True) or []
     if len(suggestions_raw) > MAX_SUGGESTIONS:
         raise ProtocolError("too many suggestions")
@@ -265,7 +298,7 @@ def _snapshot_from(d: Mapping[str, Any]) -> Snapshot:
                 rule=_req(s, "rule", str),
                 title=_req(s, "title", str),
                 detail=_req(s, "detail", str),
-                source=_req(s, "source", str),
+                source=_word(Source, _req(s, "source", str)),
                 saving_bytes=_bytes(s, "saving_bytes"),
                 speed_factor=_opt_num(s, "speed_factor", MAX_SPEED_FACTOR),
             )
@@ -280,7 +313,7 @@ def _snapshot_from(d: Mapping[str, Any]) -> Snapshot:
         parameter_count=_req(d, "parameter_count", int),
         peak_bytes=_bytes(d, "peak_bytes"),
         peak_phase=phase,
-        memory_source=_req(d, "memory_source", str, nullable=True) or "none",
+        memory_source=_word(MemorySource, _req(d, "memory_source", str, nullable=True) or "none"),
         cuda=cuda,
         timing=timing,
         op_groups=groups,

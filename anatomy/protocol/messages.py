@@ -6,6 +6,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from anatomy.vocabulary import MemorySource, OptimizerKind, Phase, Precision, Source
+
 PROTOCOL_VERSION = 3
 READABLE_VERSIONS = frozenset({1, 2, 3})
 
@@ -15,8 +17,8 @@ class Hello:
     pid: int
     host: str
     device: str  # "cpu", "cuda:0", ...
-    precision: str  # a vocabulary.Precision value
-    optimizer: str  # a vocabulary.OptimizerKind value
+    precision: Precision | str  # a word decode does not know (a newer hook's) stays a string
+    optimizer: OptimizerKind | str  # likewise
     model_class: str
     parameter_count: int
     torch_version: str
@@ -82,7 +84,7 @@ class Suggestion:
     rule: str
     title: str
     detail: str
-    source: str  # a vocabulary.Source value
+    source: Source | str  # likewise
     saving_bytes: int | None = None
     speed_factor: float | None = None
 
@@ -93,17 +95,19 @@ class Snapshot:
     seq: int
     time: float
     step: int
-    # Component value -> bytes; None means unmeasured on this platform (never 0 for unknown).
+    # Component -> bytes; None means unmeasured on this platform (never 0 for unknown). Decode keys the
+    # maps by members (Component, OpGroup); their annotations name ``str`` (a member is one) until every
+    # reader looks members up rather than their values (the integrator's list in the wire's report).
     memory: dict[str, int | None]
-    # Component value -> bytes/param the guide expects for this set-up (None: no guide figure).
+    # Component -> bytes/param the guide expects for this set-up (None: no guide figure).
     expected_bytes_per_param: dict[str, float | None]
     parameter_count: int
     peak_bytes: int | None = None
-    peak_phase: str | None = None  # a vocabulary.Phase value
-    memory_source: str = "tensors"  # how temporaries were measured: cuda_allocator | glibc | none
+    peak_phase: Phase | str | None = None  # str: from the tracker, which still passes the value
+    memory_source: MemorySource | str = MemorySource.TENSORS  # an unknown word stays a string
     cuda: CudaMemory | None = None
     timing: Timing = field(default_factory=Timing)
-    op_groups: dict[str, OpGroupStat] | None = None  # OpGroup value -> stat, from a sampled step
+    op_groups: dict[str, OpGroupStat] | None = None  # OpGroup -> stat, from a sampled step
     op_groups_step: int | None = None  # which step the op groups were sampled on
     achieved_tflops: float | None = None
     mfu: float | None = None
@@ -112,7 +116,7 @@ class Snapshot:
     error: str | None = None  # the hook degraded: why
     oom: str | None = None  # set only in the last-snapshot file after an OOM
     batch_size: int | None = None  # samples per micro-batch (optional, for the advisor)
-    # Optional (F1): Component value -> bytes held AT THE MOMENT of the step's peak (weights, optimizer
+    # Optional (F1): Component -> bytes held AT THE MOMENT of the step's peak (weights, optimizer
     # states, gradients, activations, temporaries, unattributed); they sum to ``peak_bytes`` exactly.
     # ``memory`` keeps each component at its own maximum. None: an older hook, or no peak measured.
     at_peak: dict[str, int | None] | None = None

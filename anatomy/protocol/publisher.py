@@ -115,6 +115,11 @@ class Publisher:
     def directory(self) -> Path | None:
         return self._directory
 
+    @property
+    def last_taken(self) -> Snapshot | None:
+        """The snapshot the server thread last took up: broadcast, or skipped as unencodable."""
+        return self._sent_obj
+
     def start(self) -> Path | None:
         """Bind the socket and start serving; the socket's path, or None if it could not start."""
         if self._thread is not None:

@@ -500,7 +500,7 @@ def test_unencodable_snapshot_is_skipped_and_logged_once(
         assert wait_until(lambda: any("could not be encoded" in rec.getMessage() for rec in caplog.records))
         bad = dataclasses.replace(make_snapshot(2), mfu=float("inf"))
         pub.publish(bad)
-        assert wait_until(lambda: pub._sent_obj is bad)  # the server thread tried it
+        assert wait_until(lambda: pub.last_taken is bad)  # the server thread tried it
         pub.publish(make_snapshot(3))
         r.wait(timeout=5)
         assert r.snapshot is not None and r.snapshot.seq == 3

@@ -21,13 +21,15 @@ from pathlib import Path
 
 from anatomy import protocol
 from anatomy.protocol import FileIdentity, Hello, ProtocolError, Reader, Snapshot, file_identity
+from anatomy.vocabulary import PublisherState
 from tui.sources.run_history import RunHistories
 
-LIVE = "live"
-OOM = "oom"
-EXITED = "exited"
-ERROR = "error"
-STATES: tuple[str, ...] = (LIVE, OOM, EXITED, ERROR)
+# The vocabulary's words, under the names the monitor's modules import.
+LIVE = PublisherState.LIVE
+OOM = PublisherState.OOM
+EXITED = PublisherState.EXITED
+ERROR = PublisherState.ERROR
+STATES: tuple[str, ...] = tuple(PublisherState)
 
 HISTORY_LEN = 120
 # A publisher that went away stays on screen this long, marked "exited", so its last figures can be read.
