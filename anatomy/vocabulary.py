@@ -1,5 +1,6 @@
 """The one vocabulary of anatomy-top: memory components, operation groups, phases, precisions,
-optimizer kinds, and the bytes per parameter the training-anatomy guide predicts for them.
+optimizer kinds, how memory was measured, a publisher's state, a process's place in the tree, and the
+bytes per parameter the training-anatomy guide predicts for them.
 
 Stdlib only: the monitor imports this module and must never pull in torch.
 """
@@ -9,7 +10,19 @@ from __future__ import annotations
 from enum import Enum
 
 
-class Component(str, Enum):
+class Word(str, Enum):
+    """A word of the vocabulary. A member is its string: it compares, hashes, looks up, serialises to
+    JSON and (unlike a plain ``str, Enum`` on Python 3.11+) prints and formats as its value, so a member
+    passes wherever its string did and every text shown or written stays the same."""
+
+    def __str__(self) -> str:
+        return str.__str__(self)
+
+    def __format__(self, spec: str) -> str:
+        return str.__format__(self, spec)
+
+
+class Component(Word):
     """Where a training process's GPU (or host) memory goes.
 
     The first two exist only on CUDA (NVML's per-process figure minus what the caching allocator
@@ -135,7 +148,7 @@ MODEL_COMPONENTS: tuple[Component, ...] = (
 )
 
 
-class OpGroup(str, Enum):
+class OpGroup(Word):
     """The guide's three operation groups, plus the optimizer step and everything else."""
 
     CONTRACTION = "tensor_contractions"
@@ -158,7 +171,7 @@ OP_GROUP_LABELS: dict[OpGroup, str] = {
 }
 
 
-class Phase(str, Enum):
+class Phase(Word):
     """Phases of one training step; the peak of a step is attributed to one of them."""
 
     FORWARD = "forward"
@@ -167,7 +180,7 @@ class Phase(str, Enum):
     OTHER = "other"
 
 
-class Precision(str, Enum):
+class Precision(Word):
     FP32 = "fp32"
     FP16_MIXED = "fp16_mixed"
     BF16_MIXED = "bf16_mixed"
@@ -179,7 +192,7 @@ class Precision(str, Enum):
         return self in (Precision.FP16_MIXED, Precision.BF16_MIXED)
 
 
-class OptimizerKind(str, Enum):
+class OptimizerKind(Word):
     ADAMW = "adamw"
     ADAMW_8BIT = "adamw_8bit"
     SGD_MOMENTUM = "sgd_momentum"
@@ -189,12 +202,39 @@ class OptimizerKind(str, Enum):
     OTHER = "other"
 
 
-class Source(str, Enum):
+class Source(Word):
     """Where a number comes from: every figure shown to a user says which."""
 
     MEASURED = "measured"
     PREDICTED = "predicted"
     GUIDE = "guide"
+
+
+class MemorySource(Word):
+    """How a snapshot's temporaries and peak were measured (the wire's ``memory_source``)."""
+
+    TENSORS = "tensors"  # the named tensors alone: no allocator or heap figure
+    CUDA_ALLOCATOR = "cuda_allocator"
+    GLIBC = "glibc"
+    NONE = "none"
+
+
+class PublisherState(Word):
+    """Where the monitor stands with one publishing training process. A hook at its limit of readers
+    says so (a ``busy`` message) and is shown as ERROR with that reason until a retry gets in."""
+
+    LIVE = "live"
+    OOM = "oom"  # its process died of out-of-memory: the last snapshot comes from the OOM file
+    EXITED = "exited"  # it closed its socket: its last figures stay on screen a while
+    ERROR = "error"  # it could not be read (connect refused, protocol error, a stranger's socket, busy)
+
+
+class TreeRole(Word):
+    """A process's place in the process tree around the GPU processes."""
+
+    GPU = "gpu"  # NVML lists it
+    ANCESTOR = "ancestor"  # a parent of one
+    CHILD = "child"  # a child of one
 
 
 # Bytes per parameter from the training-anatomy guide ("Anatomy of Model's Memory").

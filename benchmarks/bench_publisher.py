@@ -27,7 +27,7 @@ import torch
 
 from anatomy import protocol
 from anatomy.protocol import CudaMemory, Hello, OpGroupStat, Snapshot, Suggestion, Timing
-from anatomy.publisher import Publisher
+from anatomy.protocol.publisher import Publisher
 from anatomy.vocabulary import Component, OpGroup
 
 

@@ -29,7 +29,7 @@ import os, signal, sys, time
 sys.path.insert(0, sys.argv[1])
 from anatomy import protocol
 from anatomy.protocol import Hello, Snapshot
-from anatomy.publisher import Publisher
+from anatomy.protocol.publisher import Publisher
 directory, life, mode = sys.argv[2], float(sys.argv[3]), sys.argv[4]
 me = os.getpid()
 hello = Hello(pid=me, host="soak", device="cpu", precision="fp32", optimizer="adamw", model_class="Soak",

@@ -184,3 +184,32 @@ def test_no_import_circles_among_our_modules() -> None:
     assert "tui.app" in graph and "tui.selection" in graph["tui.app"]  # the walk found the imports
     circles = import_circles(graph)
     assert circles - KNOWN_CIRCLES == set(), sorted(sorted(c) for c in circles - KNOWN_CIRCLES)
+
+
+
+# The wire's own words come from the vocabulary, and its runtime directory from the stdlib-only rundir
+# (kept outside the package: the monitor's --once pre-check imports it alone, without the wire's ~15 ms).
+WIRE_MAY_IMPORT = {"anatomy", "anatomy.vocabulary", "anatomy.rundir"}
+_WIRE_DIR = str(ROOT / "anatomy" / "protocol")
+WIRE = ["anatomy.protocol", *sorted(i.name for i in pkgutil.walk_packages([_WIRE_DIR], "anatomy.protocol."))]
+
+
+def test_the_wire_package_is_found() -> None:
+    assert {"anatomy.protocol.codec", "anatomy.protocol.reader", "anatomy.protocol.publisher"} <= set(WIRE)
+
+
+@pytest.mark.parametrize("module", [*WIRE, "anatomy.rundir", "anatomy.vocabulary"])
+def test_the_wire_imports_nothing_of_ours_but_the_vocabulary(module: str) -> None:
+    """Each module alone, in a fresh interpreter: what it pulls in of ``anatomy.*`` and ``tui.*``."""
+    code = (
+        "import importlib, sys\n"
+        f"importlib.import_module({module!r})\n"
+        "print(' '.join(m for m in sys.modules if m.split('.')[0] in ('anatomy', 'tui')))\n"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120, check=True
+    )
+    loaded = out.stdout.split()
+    assert module in loaded
+    ours = {m for m in loaded if m != "anatomy.protocol" and not m.startswith("anatomy.protocol.")}
+    assert ours <= WIRE_MAY_IMPORT, sorted(ours - WIRE_MAY_IMPORT)

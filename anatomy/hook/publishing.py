@@ -8,7 +8,7 @@ from pathlib import Path
 from anatomy import protocol
 from anatomy.hook.guard import Feature, Guard
 from anatomy.protocol import Hello, Snapshot
-from anatomy.publisher import Publisher
+from anatomy.protocol.publisher import Publisher
 from anatomy.recorder import Recorder, RecordSetting
 
 

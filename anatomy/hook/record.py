@@ -4,10 +4,10 @@ tensors hold at a moment, a memory reading, the last trace, and the memory figur
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from enum import Enum
 from typing import TYPE_CHECKING
 
 from anatomy.protocol import CudaMemory
+from anatomy.vocabulary import MemorySource as MemorySource
 from anatomy.vocabulary import Phase
 
 if TYPE_CHECKING:
@@ -17,14 +17,6 @@ if TYPE_CHECKING:
     from anatomy.hook.opgroups import OpGroupProfiler
     from anatomy.hook.timing import StepClock
     from anatomy.hook.trace import MemoryTrace
-
-
-class MemorySource(str, Enum):
-    """Where a snapshot's peak comes from (the protocol's ``memory_source``)."""
-
-    CUDA_ALLOCATOR = "cuda_allocator"
-    GLIBC = "glibc"
-    NONE = "none"
 
 
 @dataclass(frozen=True, slots=True)

@@ -100,15 +100,15 @@ def traced_split(
 
 
 _BALANCE_ORDER = (
-    Component.UNATTRIBUTED.value,
-    Component.RUNTIME.value,
-    Component.COMMUNICATION_BUFFERS.value,
-    Component.OTHER_MODELS.value,
-    Component.INPUTS.value,
-    Component.ACTIVATIONS.value,
-    Component.GRADIENTS.value,
-    Component.OPTIMIZER_STATES.value,
-    Component.WEIGHTS.value,
+    Component.UNATTRIBUTED,
+    Component.RUNTIME,
+    Component.COMMUNICATION_BUFFERS,
+    Component.OTHER_MODELS,
+    Component.INPUTS,
+    Component.ACTIVATIONS,
+    Component.GRADIENTS,
+    Component.OPTIMIZER_STATES,
+    Component.WEIGHTS,
 )
 
 
@@ -134,20 +134,20 @@ class PeakSplitter:
         first, so the sum holds. ``runtime``: the split has a runtime row (CPU); ``others``: an other-models
         row (models registered besides the trained one)."""
         out: dict[str, int] = {
-            Component.WEIGHTS.value: weights + held.weight_copies,
-            Component.OPTIMIZER_STATES.value: held.optimizer_states,
-            Component.GRADIENTS.value: held.gradients,
-            Component.ACTIVATIONS.value: held.activations,
-            Component.UNATTRIBUTED.value: pre.unattributed,
+            Component.WEIGHTS: weights + held.weight_copies,
+            Component.OPTIMIZER_STATES: held.optimizer_states,
+            Component.GRADIENTS: held.gradients,
+            Component.ACTIVATIONS: held.activations,
+            Component.UNATTRIBUTED: pre.unattributed,
         }
         if pre.inputs:
-            out[Component.INPUTS.value] = pre.inputs
+            out[Component.INPUTS] = pre.inputs
         if pre.communication:
-            out[Component.COMMUNICATION_BUFFERS.value] = pre.communication
+            out[Component.COMMUNICATION_BUFFERS] = pre.communication
         if runtime:
-            out[Component.RUNTIME.value] = pre.runtime
+            out[Component.RUNTIME] = pre.runtime
         if others or pre.other_models:
-            out[Component.OTHER_MODELS.value] = pre.other_models
+            out[Component.OTHER_MODELS] = pre.other_models
         rest = peak - sum(out.values())
         if rest < 0:
             excess = -rest
@@ -164,5 +164,5 @@ class PeakSplitter:
                 out[key] -= take
                 excess -= take
             rest = 0
-        out[Component.TEMPORARIES.value] = rest
+        out[Component.TEMPORARIES] = rest
         return dict(out)

@@ -175,13 +175,13 @@ def expected(table: dict[str, float | None], zero: Any, param_bytes: int) -> dic
     n = world_size(zero)
     level = stage(zero)
     split = n if level in (1, 2) else 1
-    opt = out.get(Component.OPTIMIZER_STATES.value)
+    opt = out.get(Component.OPTIMIZER_STATES)
     if opt is not None:
-        out[Component.OPTIMIZER_STATES.value] = (opt + _MASTER_BYTES_PER_PARAM) / split
-    if out.get(Component.WEIGHTS.value) is not None:
-        out[Component.WEIGHTS.value] = float(param_bytes)
-    if out.get(Component.GRADIENTS.value) is not None:
-        out[Component.GRADIENTS.value] = float(param_bytes) / split
+        out[Component.OPTIMIZER_STATES] = (opt + _MASTER_BYTES_PER_PARAM) / split
+    if out.get(Component.WEIGHTS) is not None:
+        out[Component.WEIGHTS] = float(param_bytes)
+    if out.get(Component.GRADIENTS) is not None:
+        out[Component.GRADIENTS] = float(param_bytes) / split
     return out
 
 

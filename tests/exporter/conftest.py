@@ -1,4 +1,4 @@
-"""Fixtures for the exporter's tests: real publishers (anatomy.publisher) speaking the wire protocol, the
+"""Fixtures for the exporter's tests: real publishers (anatomy.protocol.publisher) on the wire, the
 simulated NVML under unmodified pynvml, and scrapes parsed back with prometheus_client's own parser."""
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from anatomy import protocol
 from anatomy.protocol import CudaMemory, Hello, OpGroupStat, Snapshot, Timing
-from anatomy.publisher import Publisher
+from anatomy.protocol.publisher import Publisher
 from anatomy.vocabulary import Component
 from tui import simnvml
 from tui.exporter.collector import NodeCollector

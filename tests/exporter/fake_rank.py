@@ -24,7 +24,7 @@ sys.path.insert(0, str(ROOT))
 
 from anatomy import protocol  # noqa: E402
 from anatomy.protocol import Hello, Snapshot  # noqa: E402
-from anatomy.publisher import Publisher  # noqa: E402
+from anatomy.protocol.publisher import Publisher  # noqa: E402
 
 
 def main() -> int:

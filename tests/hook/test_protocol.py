@@ -403,3 +403,21 @@ def test_bad_oom_files_raise_protocol_error(short_dir: Path, content: bytes) -> 
     path.write_bytes(content)
     with pytest.raises(ProtocolError):
         protocol.read_oom_file(path)
+
+
+def test_file_identity_tells_a_new_socket_at_the_same_path_from_the_old(short_dir: Path) -> None:
+    """The publisher (before removing "its" socket) and the monitor (a dismissed socket) ask the same
+    question: is this still the file I saw? A removed socket's inode number may go to the next file, so
+    the identity carries the change time too; and it is the name's own, never a link's target."""
+    path = short_dir / protocol.socket_name(7)
+    assert protocol.file_identity(path) is None
+    _socket_file(path)
+    first = protocol.file_identity(path)
+    assert first is not None and first == protocol.file_identity(path)  # stable while the file stays
+    path.unlink()
+    time.sleep(0.05)  # past the kernel's coarse clock tick, so that a reused inode gets a new change time
+    _socket_file(path)
+    assert protocol.file_identity(path) not in (None, first)
+    link = short_dir / "link"
+    link.symlink_to(path)
+    assert protocol.file_identity(link) != protocol.file_identity(path)

@@ -9,7 +9,7 @@ from dataclasses import replace
 import pytest
 
 from anatomy import protocol
-from anatomy.protocol import Hello, ProtocolError, Snapshot
+from anatomy.protocol import Hello, ProtocolError, Snapshot, codec
 from anatomy.vocabulary import OPTIONAL_COMPONENTS, Component
 
 
@@ -69,7 +69,8 @@ def test_a_version_2_reader_refuses_version_3(monkeypatch: pytest.MonkeyPatch) -
     """An older monitor reads versions 1 and 2 only: a version 3 publisher is a protocol error for that
     publisher (said in one line), never a component name it would misread."""
     line = protocol.encode(_snapshot()).rstrip(b"\n")
-    monkeypatch.setattr(protocol, "READABLE_VERSIONS", frozenset({1, 2}))
+    # The decoder reads the versions it speaks where it lives, in the codec.
+    monkeypatch.setattr(codec, "READABLE_VERSIONS", frozenset({1, 2}))
     with pytest.raises(ProtocolError, match=r"protocol version 3 \(this reader speaks \[1, 2\]\)"):
         protocol.decode(line)
 

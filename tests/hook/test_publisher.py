@@ -1,4 +1,4 @@
-"""anatomy.publisher: the hook's Unix socket server, exercised with real sockets and processes."""
+"""anatomy.protocol.publisher: the hook's Unix socket server, exercised with real sockets and processes."""
 
 from __future__ import annotations
 
@@ -22,7 +22,7 @@ import pytest
 
 from anatomy import protocol
 from anatomy.protocol import Hello, Reader, Snapshot, Suggestion
-from anatomy.publisher import MAX_INBOUND_BYTES, Publisher
+from anatomy.protocol.publisher import MAX_INBOUND_BYTES, Publisher
 
 
 def make_hello() -> Hello:
@@ -401,7 +401,7 @@ def test_socket_removed_at_interpreter_exit_without_close(rt_dir: Path) -> None:
         "import sys, time\n"
         "from pathlib import Path\n"
         "from anatomy.protocol import Hello\n"
-        "from anatomy.publisher import Publisher\n"
+        "from anatomy.protocol.publisher import Publisher\n"
         "h = Hello(pid=0, host='h', device='cpu', precision='fp32', optimizer='sgd', model_class='M',\n"
         "          parameter_count=1, torch_version='x', started_at=time.time())\n"
         "p = Publisher(h, directory=Path(sys.argv[1]))\n"
@@ -500,7 +500,7 @@ def test_unencodable_snapshot_is_skipped_and_logged_once(
         assert wait_until(lambda: any("could not be encoded" in rec.getMessage() for rec in caplog.records))
         bad = dataclasses.replace(make_snapshot(2), mfu=float("inf"))
         pub.publish(bad)
-        assert wait_until(lambda: pub._sent_obj is bad)  # the server thread tried it
+        assert wait_until(lambda: pub.last_taken is bad)  # the server thread tried it
         pub.publish(make_snapshot(3))
         r.wait(timeout=5)
         assert r.snapshot is not None and r.snapshot.seq == 3

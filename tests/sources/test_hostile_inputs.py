@@ -25,7 +25,7 @@ import pytest
 
 from anatomy import protocol
 from anatomy.protocol import Hello, ProtocolError, Snapshot
-from anatomy.publisher import MAX_READERS, Publisher
+from anatomy.protocol.publisher import MAX_READERS, Publisher
 from anatomy.vocabulary import Component
 from tui.sources.anatomy_source import ERROR, EXITED, LIVE, AnatomySource, TrainingProcess
 

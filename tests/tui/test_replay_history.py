@@ -12,7 +12,7 @@ from pathlib import Path
 from textual.widgets import Sparkline
 
 from anatomy import runs
-from anatomy.publisher import Publisher
+from anatomy.protocol.publisher import Publisher
 from anatomy.recorder import Recorder
 from tui.replay import ReplayApp
 from tui.sources.anatomy_source import LIVE, AnatomySource

@@ -20,14 +20,16 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from anatomy import protocol
-from anatomy.protocol import Hello, ProtocolError, Reader, Snapshot
+from anatomy.protocol import FileIdentity, Hello, ProtocolError, Reader, Snapshot, file_identity
+from anatomy.vocabulary import PublisherState
 from tui.sources.run_history import RunHistories
 
-LIVE = "live"
-OOM = "oom"
-EXITED = "exited"
-ERROR = "error"
-STATES: tuple[str, ...] = (LIVE, OOM, EXITED, ERROR)
+# The vocabulary's words, under the names the monitor's modules import.
+LIVE = PublisherState.LIVE
+OOM = PublisherState.OOM
+EXITED = PublisherState.EXITED
+ERROR = PublisherState.ERROR
+STATES: tuple[str, ...] = tuple(PublisherState)
 
 HISTORY_LEN = 120
 # A publisher that went away stays on screen this long, marked "exited", so its last figures can be read.
@@ -104,7 +106,7 @@ class _Entry:
     published_pid: int | None = None  # the hello's PID where it differs from the kernel's
     ended_at: float | None = None  # when the reader was dropped
     retry_at: float | None = None  # when a failed socket may be tried again
-    identity: tuple[int, int] | None = None  # of the socket we connected to: a new one is a new hook
+    identity: FileIdentity | None = None  # of the socket we connected to: a new one is a new hook
 
     def record(self, snapshot: Snapshot, now: float) -> None:
         # (seq, time) names a snapshot: a reconnect resends the latest one, a new tracker restarts seq.
@@ -160,7 +162,7 @@ class AnatomySource:
         self._ooms: dict[int, _OomEntry] = {}
         self._dismissed: dict[Path, int] = {}  # OOM file -> mtime_ns the user dismissed
         self._markers = False  # a dismissal marker was written or seen (only then are orphans looked for)
-        self._ignored: dict[Path, tuple[int, int]] = {}  # dismissed socket -> its _identity
+        self._ignored: dict[Path, FileIdentity] = {}  # dismissed socket -> its file identity
         self._lock = threading.Lock()
         self._closed = False
 
@@ -227,7 +229,7 @@ class AnatomySource:
             for path, entry in list(self._entries.items()):
                 if entry.pid == pid and entry.reader is None:
                     del self._entries[path]
-                    identity = _identity(path)
+                    identity = file_identity(path)
                     if identity is not None:
                         self._ignored[path] = identity
                     removed = True
@@ -256,14 +258,14 @@ class AnatomySource:
 
     def _discover(self, now: float) -> None:
         found = protocol.discover(self.directory)
-        self._ignored = {p: i for p, i in self._ignored.items() if p in found and _identity(p) == i}
+        self._ignored = {p: i for p, i in self._ignored.items() if p in found and file_identity(p) == i}
         for path in found:
             if path in self._ignored:
                 continue
             entry = self._entries.get(path)
             if entry is not None and entry.reader is None and entry.retry_at is None:
                 # Closed by the hook; the same process may have started a new tracker on this path.
-                if _identity(path) in (None, entry.identity):
+                if file_identity(path) in (None, entry.identity):
                     continue
                 entry.retry_at = now
             if entry is not None and (entry.reader is not None or now < (entry.retry_at or 0.0)):
@@ -293,7 +295,7 @@ class AnatomySource:
                 entry.pid = reader.peer.pid  # the kernel's word, not the file name's
             # A reconnect to a known socket keeps the history: same process, same job.
             entry.reader, entry.state, entry.error = reader, LIVE, None
-            entry.identity = _identity(path)
+            entry.identity = file_identity(path)
             entry.retry_at = entry.ended_at = None
             self._entries[path] = entry
 
@@ -553,15 +555,6 @@ def _remove_orphan_markers(directory: Path) -> None:
         ):
             with contextlib.suppress(OSError):
                 (directory / name).unlink()
-
-
-def _identity(path: Path) -> tuple[int, int] | None:
-    """Which file is at ``path``: the inode alone is not enough, a new socket may reuse a freed one."""
-    try:
-        st = path.stat()
-    except OSError:
-        return None
-    return st.st_ino, st.st_ctime_ns
 
 
 def _oom_text(oom: _OomEntry) -> str:

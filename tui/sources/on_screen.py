@@ -36,7 +36,9 @@ def _cleaned(obj: T, names: tuple[str, ...]) -> T:
     return dataclasses.replace(obj, **changes) if changes else obj  # type: ignore[type-var]
 
 
-_HELLO = tuple(f.name for f in dataclasses.fields(Hello) if f.type in ("str", "str | None"))
+# Every field that may hold a string another process chose: a vocabulary word decode did not know stays
+# the string it was sent as (``Precision | str``).
+_HELLO = tuple(f.name for f in dataclasses.fields(Hello) if "str" in str(f.type).split(" | "))
 _SNAPSHOT = ("error", "oom", "peak_phase", "memory_source")
 _SUGGESTION = ("rule", "title", "detail", "source")
 _GPU = tuple(f.name for f in dataclasses.fields(GpuInfo) if f.type in ("str", "str | None"))

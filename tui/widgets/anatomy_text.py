@@ -148,14 +148,14 @@ def op_group_cells(snapshot: Snapshot | None, width: int = 8) -> dict[str, tuple
     flops, times = _shares(groups, "flops"), _shares(groups, "time_s")
     rows: dict[str, tuple[Text, Text, Text]] = {}
     for group in OpGroup:
-        if group.value not in groups:
+        if group not in groups:
             continue
-        f, t = flops.get(group.value), times.get(group.value)
+        f, t = flops.get(group), times.get(group)
         f_cell = meter(f, width, "blue")
         f_cell.append(f" {fmt.fmt_share(f):>6}")
         t_cell = meter(t, width, "magenta")
         t_cell.append(f" {fmt.fmt_share(t):>6}")
-        rows[group.value] = (Text(group.label), f_cell, t_cell)
+        rows[group] = (Text(group.label), f_cell, t_cell)
     return rows
 
 

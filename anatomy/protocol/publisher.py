@@ -17,17 +17,31 @@ import os
 import select
 import selectors
 import socket
-import stat
 import threading
 import time
 import weakref
 from collections import deque
+from collections.abc import Iterable
 from pathlib import Path
+from typing import Protocol
 
-from anatomy import protocol
-from anatomy.protocol import Hello, Snapshot
-from anatomy.recorder import Recorder
+from anatomy.protocol import socket_file
+from anatomy.protocol.codec import encode
+from anatomy.protocol.discovery import FileIdentity, discover, runtime_dir
+from anatomy.protocol.messages import Busy, Hello, Snapshot
+from anatomy.protocol.oom import write_oom_file
+from anatomy.protocol.reader_queue import ReaderQueue
 from anatomy.rundir import ensure_private_dir
+
+
+class StepRecorder(Protocol):
+    """Where the publisher hands every finished step, from its own thread (the flight recorder,
+    :class:`anatomy.recorder.Recorder`): passed in, so that the wire knows nothing of what records."""
+
+    def tick(self, hello: Hello, snapshots: Iterable[Snapshot]) -> None: ...
+
+    def close(self, hello: Hello, snapshots: Iterable[Snapshot]) -> None: ...
+
 
 log = logging.getLogger("anatomy")
 
@@ -39,57 +53,6 @@ _IDLE_WAIT_S = 5.0
 
 # Publishers alive in this process, for the fork handler (a weak set: a closed publisher may go).
 _LIVE: weakref.WeakSet[Publisher] = weakref.WeakSet()
-_TAKEN_PATHS: set[Path] = set()
-_TAKEN_LOCK = threading.Lock()
-
-
-class _Reader:
-    """One connected reader: the message being written (and how far), and the newest one waiting."""
-
-    __slots__ = ("current", "hello", "inbound", "next", "offset", "sent", "sock")
-
-    def __init__(self, sock: socket.socket, first: bytes, sent: Snapshot | None) -> None:
-        self.sock = sock
-        self.current = first
-        self.offset = 0
-        self.next: bytes | None = None
-        self.inbound = 0
-        self.sent = sent  # the snapshot last queued for this reader: never queue it twice
-        self.hello: bytes | None = None  # a replaced hello, sent before whatever comes next
-
-    @property
-    def busy(self) -> bool:
-        return self.offset < len(self.current)
-
-    def queue(self, data: bytes, snapshot: Snapshot) -> None:
-        self.sent = snapshot
-        if self.busy:
-            self.next = data  # replaces an older waiting snapshot: latest only
-        else:
-            self.current, self.offset, self.next = data, 0, None
-            self._prepend_hello()
-
-    def queue_hello(self, data: bytes) -> None:
-        self.hello = data  # replaces an older waiting hello
-        if not self.busy:
-            self.current, self.offset = b"", 0
-            self._prepend_hello()
-
-    def advance(self) -> bool:
-        """The current message is out: move on to what waits. False when nothing does."""
-        waiting = (self.hello or b"") + (self.next or b"")
-        self.hello = self.next = None
-        self.current, self.offset = waiting, 0
-        return bool(waiting)
-
-    def _prepend_hello(self) -> None:
-        if self.hello is not None:
-            self.current, self.hello = self.hello + self.current, None
-
-    @property
-    def buffered(self) -> int:
-        waiting = (len(self.next) if self.next else 0) + (len(self.hello) if self.hello else 0)
-        return len(self.current) - self.offset + waiting
 
 
 class Publisher:
@@ -103,7 +66,7 @@ class Publisher:
         hello: Hello,
         interval_s: float = 0.5,
         directory: Path | None = None,
-        recorder: Recorder | None = None,
+        recorder: StepRecorder | None = None,
     ) -> None:
         self.hello = hello
         # The flight recorder (anatomy.recorder), fed from this thread; publish() only appends to a
@@ -117,14 +80,14 @@ class Publisher:
         self._directory = Path(directory) if directory is not None else None
         self._owner_pid = os.getpid()
         self._path: Path | None = None
-        self._bound: tuple[int, int] | None = None  # (device, inode) of the socket we bound
+        self._bound: FileIdentity | None = None  # of the socket we bound
         self._latest: Snapshot | None = None
         self._listener: socket.socket | None = None
         self._wake_r: socket.socket | None = None
         self._wake_w: socket.socket | None = None
         self._selector: selectors.BaseSelector | None = None
         self._thread: threading.Thread | None = None
-        self._readers: dict[int, _Reader] = {}
+        self._readers: dict[int, ReaderQueue] = {}
         self._reader_count = 0
         self._closing = False
         self._closed = False
@@ -152,6 +115,11 @@ class Publisher:
     def directory(self) -> Path | None:
         return self._directory
 
+    @property
+    def last_taken(self) -> Snapshot | None:
+        """The snapshot the server thread last took up: broadcast, or skipped as unencodable."""
+        return self._sent_obj
+
     def start(self) -> Path | None:
         """Bind the socket and start serving; the socket's path, or None if it could not start."""
         if self._thread is not None:
@@ -160,12 +128,12 @@ class Publisher:
             return None
         self._owner_pid = os.getpid()  # the process that serves (and may unlink) the socket
         try:
-            self._hello_bytes = protocol.encode(self.hello)
+            self._hello_bytes = encode(self.hello)
             self._hello_obj = self.hello
             directory = self._prepare_directory()
-            protocol.discover(directory, clean_stale=True)
-            path = self._claim_path(directory)
-            self._listen(path)
+            discover(directory, clean_stale=True)
+            path = self._path = socket_file.claim_path(directory)
+            self._listener, self._bound = socket_file.listen(path)
             self._wake_r, self._wake_w = socket.socketpair()
             self._wake_r.setblocking(False)
             self._wake_w.setblocking(False)
@@ -200,7 +168,7 @@ class Publisher:
     def write_oom(self, snapshot: Snapshot) -> Path | None:
         """Write the hello and ``snapshot`` (``oom`` set) to ``<dir>/anatomy-<pid>.oom.json``."""
         try:
-            directory = self._directory if self._directory is not None else protocol.runtime_dir(create=True)
+            directory = self._directory if self._directory is not None else runtime_dir(create=True)
             if snapshot.oom is None:
                 snapshot = dataclasses.replace(snapshot, oom="out of memory")
             if self._to_record is not None:  # recorded by the server thread, woken now
@@ -208,7 +176,7 @@ class Publisher:
                 if self._wake_w is not None:
                     with contextlib.suppress(OSError):
                         self._wake_w.send(b"r", _SEND_FLAGS)
-            return protocol.write_oom_file(directory, self.hello, snapshot)
+            return write_oom_file(directory, self.hello, snapshot)
         except Exception as exc:
             self._log_once("oom", "anatomy-top: could not write the out-of-memory snapshot (%s)", exc)
             return None
@@ -243,47 +211,9 @@ class Publisher:
 
     def _prepare_directory(self) -> Path:
         if self._directory is None:
-            self._directory = protocol.runtime_dir(create=True)
+            self._directory = runtime_dir(create=True)
             return self._directory
         return ensure_private_dir(self._directory)
-
-    def _claim_path(self, directory: Path) -> Path:
-        """``anatomy-<pid>.sock``; a second publisher in the same process gets ``anatomy-<pid>-<n>``."""
-        pid = os.getpid()
-        with _TAKEN_LOCK:
-            n = 0
-            while True:
-                path = directory / protocol.socket_name(pid, str(n) if n else None)
-                if path not in _TAKEN_PATHS and not _foreign_file(path):
-                    _TAKEN_PATHS.add(path)
-                    self._path = path
-                    return path
-                n += 1
-
-    def _listen(self, path: Path) -> None:
-        # A file with our name belongs to a dead process whose PID we reuse (we are alive and no
-        # other publisher of ours holds the name): replace it.
-        with contextlib.suppress(FileNotFoundError):
-            st = path.lstat()
-            if not stat.S_ISSOCK(st.st_mode) or st.st_uid != os.geteuid():
-                # Only a socket of ours is a dead hook's leftover: anything else is not ours to delete.
-                raise FileExistsError(f"{path} exists and is not a socket of this user")
-            path.unlink()
-        listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-        try:
-            listener.bind(str(path))
-            # The directory is 0700, so nobody else can reach the socket before this chmod.
-            os.chmod(path, 0o600)
-            self._bound = _file_identity(path)
-            listener.listen(128)
-            listener.setblocking(False)
-        except Exception:
-            listener.close()
-            if self._bound is not None and _file_identity(path) == self._bound:
-                with contextlib.suppress(OSError):
-                    path.unlink()
-            raise
-        self._listener = listener
 
     # -- the server thread ------------------------------------------------------------------
 
@@ -321,7 +251,7 @@ class Publisher:
                     with contextlib.suppress(OSError):
                         self._wake_r.recv(64)
                 else:
-                    reader: _Reader = key.data
+                    reader: ReaderQueue = key.data
                     if events & selectors.EVENT_READ:
                         self._read(reader)
                     if events & selectors.EVENT_WRITE and reader.sock.fileno() in self._readers:
@@ -337,7 +267,7 @@ class Publisher:
             return
         self._hello_obj = hello
         try:
-            data = protocol.encode(hello)
+            data = encode(hello)
         except Exception as exc:
             self._log_once("hello", "anatomy-top: a new hello could not be encoded (%s)", exc)
             return
@@ -395,7 +325,7 @@ class Publisher:
 
     def _encode(self, snapshot: Snapshot) -> bytes | None:
         try:
-            return protocol.encode(snapshot)
+            return encode(snapshot)
         except Exception as exc:
             self._log_once("encode", "anatomy-top: a snapshot could not be encoded (%s)", exc)
             return None
@@ -427,17 +357,17 @@ class Publisher:
                 encoded = self._encode(latest)
                 if encoded is not None:
                     snap, snap_obj = encoded, latest
-            reader = _Reader(sock, self._hello_bytes + (snap or b""), snap_obj if snap else None)
+            reader = ReaderQueue(sock, self._hello_bytes + (snap or b""), snap_obj if snap else None)
             self._readers[sock.fileno()] = reader
             self._reader_count = len(self._readers)
             self._selector.register(sock, selectors.EVENT_READ | selectors.EVENT_WRITE, reader)
             self._write(reader)
 
     def _busy_line(self) -> bytes:
-        busy = protocol.Busy(readers=len(self._readers), limit=MAX_READERS)
-        return protocol.encode(busy, validate=False)
+        busy = Busy(readers=len(self._readers), limit=MAX_READERS)
+        return encode(busy, validate=False)
 
-    def _read(self, reader: _Reader) -> None:
+    def _read(self, reader: ReaderQueue) -> None:
         try:
             chunk = reader.sock.recv(4096)
         except (BlockingIOError, InterruptedError):
@@ -452,7 +382,7 @@ class Publisher:
         if reader.inbound > MAX_INBOUND_BYTES:
             self._drop(reader)
 
-    def _write(self, reader: _Reader) -> None:
+    def _write(self, reader: ReaderQueue) -> None:
         while reader.busy:
             try:
                 n = reader.sock.send(memoryview(reader.current)[reader.offset :], _SEND_FLAGS)
@@ -473,14 +403,14 @@ class Publisher:
                 reader.queue(data, snapshot)
                 self._write(reader)
 
-    def _set_interest(self, reader: _Reader) -> None:
+    def _set_interest(self, reader: ReaderQueue) -> None:
         if reader.sock.fileno() not in self._readers or self._selector is None:
             return
         events = selectors.EVENT_READ | (selectors.EVENT_WRITE if reader.busy else 0)
         with contextlib.suppress(KeyError, ValueError, OSError):
             self._selector.modify(reader.sock, events, reader)
 
-    def _drop(self, reader: _Reader) -> None:
+    def _drop(self, reader: ReaderQueue) -> None:
         fd = reader.sock.fileno()
         if fd >= 0 and self._readers.pop(fd, None) is not None:
             self.readers_dropped += 1
@@ -509,12 +439,8 @@ class Publisher:
         self._selector = None
         path = self._path
         if path is not None:
-            # Only the socket we bound: something else may have replaced it since (never ours to remove).
-            if self._bound is not None and _file_identity(path) == self._bound:
-                with contextlib.suppress(OSError):
-                    path.unlink()
-            with _TAKEN_LOCK:
-                _TAKEN_PATHS.discard(path)
+            socket_file.remove_if_ours(path, self._bound)
+            socket_file.release_path(path)
         self._reader_count = 0
 
     def _drop_inherited(self) -> None:
@@ -542,27 +468,8 @@ class Publisher:
             log.warning(message, *args)
 
 
-def _foreign_file(path: Path) -> bool:
-    """Something at ``path`` that is not a socket of ours: not ours to replace, so take the next name."""
-    try:
-        st = path.lstat()
-    except OSError:
-        return False
-    return not stat.S_ISSOCK(st.st_mode) or st.st_uid != os.geteuid()
-
-
-def _file_identity(path: Path) -> tuple[int, int] | None:
-    try:
-        st = path.lstat()
-    except OSError:
-        return None
-    return st.st_dev, st.st_ino
-
-
 def _after_fork_in_child() -> None:
-    global _TAKEN_LOCK
-    _TAKEN_LOCK = threading.Lock()  # another thread may have held it at the fork
-    _TAKEN_PATHS.clear()
+    socket_file.forget_after_fork()
     for publisher in list(_LIVE):
         with contextlib.suppress(Exception):
             publisher._drop_inherited()
