@@ -18,7 +18,7 @@ TORCH_ALLOWED_IN_TUI = {"tui.demo_train"}
 
 def _modules(package: str) -> list[str]:
     names = [package]
-    for info in pkgutil.walk_packages([str(ROOT / package)], prefix=f"{package}."):
+    for info in pkgutil.walk_packages([str(ROOT.joinpath(*package.split(".")))], prefix=f"{package}."):
         names.append(info.name)
     return sorted(names)
 
@@ -49,10 +49,18 @@ def test_hook_never_imports_textual() -> None:
 
 
 def test_data_layer_knows_no_widgets() -> None:
-    data_layer = ("tui.sources", "tui.simnvml", "tui.report", "tui.exporter")
+    data_layer = ("tui.sources", "tui.simnvml", "tui.report", "tui.exporter", "tui.view")
     modules = [m for m in _modules("tui") if m.startswith(data_layer)]
     assert "tui.sources.nvml" in modules and "tui.exporter.collector" in modules
-    assert _loaded_after_import(modules, ("textual", "tui.widgets", "tui.app")) == []
+    assert "tui.view.poll" in modules and "tui.view.anatomy" in modules
+    assert _loaded_after_import(modules, ("textual", "tui.widgets", "tui.app", "torch")) == []
+
+
+def test_view_layer_imports_no_textual_nor_torch() -> None:
+    """The poll worker computes what the panes show with the view layer alone: no widget toolkit."""
+    modules = _modules("tui.view")
+    assert "tui.view.process_rows" in modules
+    assert _loaded_after_import(modules, ("textual", "torch", "transformers", "tui.widgets")) == []
 
 
 @pytest.mark.parametrize("module", ["anatomy", "anatomy.protocol", "anatomy.vocabulary", "anatomy.advisor"])

@@ -22,6 +22,8 @@ from rich.text import Text
 
 from tui.sources.model import MachineSnapshot
 from tui.terminal import Display, to_ascii
+from tui.view.process_cells import GAP, JUSTIFY, columns_for, elide_middle, picker, process_cells
+from tui.view.process_rows import TRAINING_FIRST, build_rows, sort_rows
 from tui.widgets.gpu_layout import (
     COMPACT_COLUMNS,
     COMPACT_JUSTIFY,
@@ -33,8 +35,6 @@ from tui.widgets.gpu_layout import (
 from tui.widgets.gpu_layout import gpu_cells as compact_cells
 from tui.widgets.header_text import COMPACT_BELOW, header_text
 from tui.widgets.layout import anatomy_width, gpu_mode_for, gpu_table_height, is_wide
-from tui.widgets.process_cells import GAP, JUSTIFY, columns_for, elide_middle, picker, process_cells
-from tui.widgets.process_rows import TRAINING_FIRST, build_rows, sort_rows
 
 ENTER = "\x1b[?1049h\x1b[?25l\x1b[H\x1b[2J"  # alternate screen, cursor hidden, cleared
 LEAVE = "\x1b[2J\x1b[?25h\x1b[?1049l"  # cleared, cursor shown, back to the normal screen

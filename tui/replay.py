@@ -22,6 +22,7 @@ from anatomy.protocol import Hello, Snapshot
 from anatomy.runs import Run, RunGroup
 from tui.format import fmt_bytes
 from tui.sources.anatomy_source import EXITED, OOM, TrainingProcess, rank_group_key
+from tui.view.anatomy import anatomy_view
 from tui.widgets.anatomy_pane import AnatomyPane
 
 POINTS = 600  # per sparkline series: more than the pane has cells
@@ -127,7 +128,7 @@ class ReplayApp(App[int]):
         run = self.group.runs[self.rank]
         if not frames_:
             status.update(Text(f"replay {self.group.id}: no snapshot recorded", style="bold"))
-            pane.show(None, (), None)
+            pane.show(None)
             return
         self.index = min(max(self.index, 0), len(frames_) - 1)
         frame = frames_[self.index]
@@ -138,7 +139,8 @@ class ReplayApp(App[int]):
                 near = min(self.frames[i], key=lambda f: abs(f.snapshot.step - frame.snapshot.step))
                 group.append(process_at(other, near, self.histories[i]))
         when = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(frame.snapshot.time))
-        pane.show(process, group, None, hint=f"recorded at {when}; the sparklines span the whole run")
+        view = anatomy_view(process, group, None, plain=pane.plain)
+        pane.show(view, hint=f"recorded at {when}; the sparklines span the whole run")
         text = Text(f"replay {self.group.id}", style="bold")
         if len(self.group.runs) > 1:
             text.append(f"  rank {run.rank} ({self.rank + 1} of {len(self.group.runs)})")

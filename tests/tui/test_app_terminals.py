@@ -13,8 +13,8 @@ from textual.widgets import Static
 from anatomy.vocabulary import COMPONENT_HELP
 from tui.app import AnatomyTopApp
 from tui.terminal import Display
+from tui.view.bars import COMPONENT_LETTERS
 from tui.widgets.anatomy_pane import AnatomyPane
-from tui.widgets.bars import COMPONENT_LETTERS
 from tui.widgets.help_screen import GLOSSARY, KEYS, HelpScreen
 from tui.widgets.line_table import LineTable
 from tui.widgets.stacked_bar import StackedBar

@@ -2,7 +2,7 @@
 
 Everything is inline: the charts are SVG, the style one ``<style>`` block, no script, no font, no URL: the
 page opens offline on a login node and can be mailed as it is. Memory components take the monitor's
-names (the vocabulary) and colours (``tui.widgets.bars``, as the README's screenshots render them).
+names (the vocabulary) and colours (``tui.view.bars``, as the README's screenshots render them).
 """
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ from tui.format import fmt_duration, fmt_seconds
 from tui.runreport import svg
 from tui.runreport.charts import Chart, Event, Series, thin
 from tui.sources.jobs import STRAGGLER_RATIO
-from tui.widgets.bars import COMPONENT_STYLES
+from tui.view.bars import COMPONENT_STYLES
 
 PHASE_COLOURS = {"forward": "#608ab1", "backward": "#d0b344", "optimizer": "#98729f", "other": "#9a9b99"}
 OP_GROUP_COLOURS = {

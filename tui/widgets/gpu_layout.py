@@ -16,7 +16,7 @@ from rich.text import Text
 
 from tui import format as fmt
 from tui.sources.model import GpuInfo
-from tui.widgets.bars import meter
+from tui.view.bars import meter
 
 FULL, COMPACT = "full", "compact"
 METER_WIDTH = 8  # compact mode, where the width allows
