@@ -431,7 +431,7 @@ class AnatomyTopApp(App[int]):
             self._render_status()
 
     def _render_header(self) -> None:
-        self.query_one(MachineHeader).show(self.machine, self.interval, self.paused)
+        self.query_one(MachineHeader).show(self.view.header, self.interval, self.paused)
 
     def _render_status(self) -> None:
         status = self.query_one("#status", TextStatic)

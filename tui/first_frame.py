@@ -22,6 +22,7 @@ from rich.text import Text
 
 from tui.sources.model import MachineSnapshot
 from tui.terminal import Display, to_ascii
+from tui.view.header import header_view
 from tui.view.process_cells import GAP, JUSTIFY, columns_for, elide_middle, picker, process_cells
 from tui.view.process_rows import TRAINING_FIRST, build_rows, sort_rows
 from tui.widgets.gpu_layout import (
@@ -141,7 +142,7 @@ def layout_lines(
     """Screen line -> (column, text) of the start-up frame: the monitor's header, GPU table, process bar
     and process table at the places the monitor's layout puts them."""
     placed: dict[int, tuple[int, Text]] = {}
-    header = header_text(machine, interval, False, compact=width < COMPACT_BELOW)
+    header = header_text(header_view(machine), interval, False, compact=width < COMPACT_BELOW)
     y = 0
     for line in header.split("\n"):
         placed[y] = (1, line)

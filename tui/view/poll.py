@@ -12,6 +12,7 @@ from tui.sources.model import GpuProcess, MachineSnapshot, SourceError
 from tui.sources.reconcile import nvml_process_bytes
 from tui.sources.training import TrainingProcess
 from tui.view.anatomy import AnatomyView, anatomy_view
+from tui.view.header import HeaderView, header_view
 from tui.view.process_cells import cells_of, shown_values
 from tui.view.process_rows import ProcessRow, build_rows
 
@@ -34,6 +35,7 @@ class PollView:
     values: Mapping[str, tuple[object, ...]] = field(default_factory=dict)
     anatomy: Mapping[int, AnatomyView] = field(default_factory=dict)
     errors: tuple[SourceError, ...] = ()
+    header: HeaderView | None = None  # the machine's header lines (None: no sample yet)
 
     def without(self, pid: int) -> PollView:
         """This view with the publisher ``pid`` gone (dismissed), until the next poll says more."""
@@ -116,4 +118,5 @@ def poll_view(
         values=values,
         anatomy=anatomy,
         errors=tuple(errors),
+        header=header_view(machine),
     )
