@@ -409,11 +409,11 @@ class AnatomyTopApp(App[int]):
         with self.batch_update():
             self._render_header()
             self.query_one(NvmlBanner).show(self.machine)
-            gpus = self.process_filter.gpus_of(self.machine.gpus if self.machine is not None else ())
+            gpus = [g for g in self.view.gpus if self.process_filter.keeps_gpu(g.index)]
             self.query_one(GpuTable).show(gpus)
             history = self.query_one(GpuHistory)
             if history.display:
-                history.show(gpus, self.history)
+                history.show([g.gpu for g in gpus], self.history)
             rows = self.process_filter.rows(list(self.view.rows))
             table = self.query_one(ProcessTable)
             table.show(rows, self.view.cells)

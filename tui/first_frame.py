@@ -22,6 +22,7 @@ from rich.text import Text
 
 from tui.sources.model import MachineSnapshot
 from tui.terminal import Display, to_ascii
+from tui.view.gpus import gpu_views
 from tui.view.header import header_view
 from tui.view.process_cells import GAP, JUSTIFY, columns_for, elide_middle, picker, process_cells
 from tui.view.process_rows import TRAINING_FIRST, build_rows, sort_rows
@@ -154,7 +155,7 @@ def layout_lines(
         y += 1  # the pane tabs
     pane = width - anatomy_width(width) if wide else width
     body = height - y - 1  # the key bar
-    gpus = sorted(machine.gpus, key=lambda g: g.index)
+    gpus = gpu_views(machine.gpus)
     if gpu_mode_for(width) == FULL and gpus:
         layout = full_layout(gpus, pane - 2)
         gpu_lines = [Text(" " + line, style="bold") for line in full_header(layout).split("\n")]

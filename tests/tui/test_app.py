@@ -24,11 +24,12 @@ from anatomy.vocabulary import Component
 from tui import format as fmt
 from tui.app import AnatomyTopApp
 from tui.sources.anatomy_source import measured_total
+from tui.view.gpus import short_name
 from tui.view.process_rows import SORT_KEYS, TRAINING_FIRST
 from tui.widgets.anatomy_pane import AnatomyPane
 from tui.widgets.environ_screen import EnvironScreen
 from tui.widgets.gpu_history import GpuHistory
-from tui.widgets.gpu_layout import COMPACT, FULL, short_name
+from tui.widgets.gpu_layout import COMPACT, FULL
 from tui.widgets.gpu_table import GpuTable
 from tui.widgets.header import MachineHeader, NvmlBanner
 from tui.widgets.key_bar import KeyBar, key_label

@@ -36,7 +36,9 @@ from tui.sources.nvml_reading import (
     DeviceState,
     NvmlReading,
     decode,
+    fast_fields,
     format_cuda_version,
+    pci_bus_id,
 )
 
 # typing is not imported at run time (~3 ms of --once start-up); the names are for type checkers.
@@ -371,15 +373,7 @@ class NvmlSource:
         )
         if info is None:
             return None
-        # The string moved between struct versions (busIdLegacy → busId); the numbers are the last resort.
-        text = decode(info.busId) or decode(info.busIdLegacy)
-        if text:
-            domain, sep, rest = text.partition(":")
-            # Legacy ids have a 4-digit domain ("0000:18:00.0"); nvidia-smi prints 8 digits.
-            return f"{domain.zfill(8)}{sep}{rest}".upper() if sep else text
-        if info.domain or info.bus or info.device:
-            return f"{info.domain:08X}:{info.bus:02X}:{info.device:02X}.0"
-        return None
+        return pci_bus_id(info)
 
     def _read_slow(self, h: Any) -> dict[str, Any]:
         pynvml = self._nvml
@@ -452,15 +446,7 @@ class NvmlSource:
         )
         util = get(("nvmlDeviceGetUtilizationRates", lambda: pynvml.nvmlDeviceGetUtilizationRates(h)))
         power_mw = get(("nvmlDeviceGetPowerUsage", lambda: pynvml.nvmlDeviceGetPowerUsage(h)))
-        return {
-            "memory_total": None if memory is None else int(memory.total),
-            "memory_used": None if memory is None else int(memory.used),
-            "memory_free": None if memory is None else int(memory.free),
-            "memory_reserved": int(memory.reserved) if hasattr(memory, "reserved") else None,
-            "gpu_util": None if util is None else int(util.gpu),
-            "memory_util": None if util is None else int(util.memory),
-            "power_w": None if power_mw is None else power_mw / 1000.0,
-        }
+        return fast_fields(memory, util, power_mw)
 
     # ----------------------------------------------------------------- processes
     def _read_processes(self, dev: DeviceState, mig: bool) -> tuple[GpuProcess, ...]:

@@ -131,3 +131,30 @@ def format_cuda_version(version: int | None) -> str | None:
     if version is None or version <= 0:
         return None
     return f"{version // 1000}.{(version % 1000) // 10}"
+
+
+def pci_bus_id(info: Any) -> str | None:
+    """nvidia-smi's bus id ("00000000:18:00.0") of an nvmlPciInfo_t of any version; None: none in it."""
+    # The string moved between struct versions (busIdLegacy → busId); the numbers are the last resort.
+    text = decode(info.busId) or decode(info.busIdLegacy)
+    if text:
+        domain, sep, rest = text.partition(":")
+        # Legacy ids have a 4-digit domain ("0000:18:00.0"); nvidia-smi prints 8 digits.
+        return f"{domain.zfill(8)}{sep}{rest}".upper() if sep else text
+    if info.domain or info.bus or info.device:
+        return f"{info.domain:08X}:{info.bus:02X}:{info.device:02X}.0"
+    return None
+
+
+def fast_fields(memory: Any, util: Any, power_mw: Any) -> dict[str, Any]:
+    """The fast tier's fields from NVML's memory info, utilization rates and power usage (each None where
+    NVML had none)."""
+    return {
+        "memory_total": None if memory is None else int(memory.total),
+        "memory_used": None if memory is None else int(memory.used),
+        "memory_free": None if memory is None else int(memory.free),
+        "memory_reserved": int(memory.reserved) if hasattr(memory, "reserved") else None,
+        "gpu_util": None if util is None else int(util.gpu),
+        "memory_util": None if util is None else int(util.memory),
+        "power_w": None if power_mw is None else power_mw / 1000.0,
+    }

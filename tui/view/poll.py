@@ -12,6 +12,7 @@ from tui.sources.model import GpuProcess, MachineSnapshot, SourceError
 from tui.sources.reconcile import nvml_process_bytes
 from tui.sources.training import TrainingProcess
 from tui.view.anatomy import AnatomyView, anatomy_view
+from tui.view.gpus import GpuView, gpu_views
 from tui.view.header import HeaderView, header_view
 from tui.view.process_cells import cells_of, shown_values
 from tui.view.process_rows import ProcessRow, build_rows
@@ -36,6 +37,7 @@ class PollView:
     anatomy: Mapping[int, AnatomyView] = field(default_factory=dict)
     errors: tuple[SourceError, ...] = ()
     header: HeaderView | None = None  # the machine's header lines (None: no sample yet)
+    gpus: tuple[GpuView, ...] = ()  # every GPU's table cells in words, by index
 
     def without(self, pid: int) -> PollView:
         """This view with the publisher ``pid`` gone (dismissed), until the next poll says more."""
@@ -119,4 +121,5 @@ def poll_view(
         anatomy=anatomy,
         errors=tuple(errors),
         header=header_view(machine),
+        gpus=gpu_views(machine.gpus) if machine is not None else (),
     )
