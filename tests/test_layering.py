@@ -20,7 +20,7 @@ TORCH_ALLOWED_IN_TUI = {"tui.demo_train"}
 
 def _modules(package: str) -> list[str]:
     names = [package]
-    for info in pkgutil.walk_packages([str(ROOT / package)], prefix=f"{package}."):
+    for info in pkgutil.walk_packages([str(ROOT.joinpath(*package.split(".")))], prefix=f"{package}."):
         names.append(info.name)
     return sorted(names)
 
@@ -59,6 +59,7 @@ WITHOUT_THE_APP = {
     "tui.exporter": "tui.exporter.collector",
     "tui.report": "tui.report.smi_text",
     "tui.runreport": "tui.runreport.page",
+    "tui.view": "tui.view.poll",
 }
 
 
@@ -66,7 +67,14 @@ WITHOUT_THE_APP = {
 def test_package_never_imports_the_app(package: str) -> None:
     modules = [m for m in _modules("tui") if m == package or m.startswith(package + ".")]
     assert WITHOUT_THE_APP[package] in modules  # the walk found the package
-    assert _loaded_after_import(modules, ("textual", "tui.widgets", "tui.app")) == []
+    assert _loaded_after_import(modules, ("textual", "tui.widgets", "tui.app", "torch")) == []
+
+
+def test_view_layer_imports_no_textual_nor_torch() -> None:
+    """The poll worker computes what the panes show with the view layer alone: no widget toolkit."""
+    modules = _modules("tui.view")
+    assert "tui.view.process_rows" in modules
+    assert _loaded_after_import(modules, ("textual", "torch", "transformers", "tui.widgets")) == []
 
 
 @pytest.mark.parametrize("module", ["anatomy", "anatomy.protocol", "anatomy.vocabulary", "anatomy.advisor"])

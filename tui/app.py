@@ -2,9 +2,10 @@
 on the other.
 
 Data comes from two injected sources (tests pass fakes): ``machine_source.snapshot() -> MachineSnapshot``
-(NVML + host) and ``anatomy_source.poll() -> list[TrainingProcess]`` (the hooks' sockets). Both are
-polled in one background thread; the next poll is scheduled when the last one was shown, so polls never
-overlap and a slow NVML never blocks the UI. Nothing here imports torch.
+(NVML + host) and ``anatomy_source.read() -> TrainingReading`` (the hooks' sockets). Both are polled in
+one background thread, which also computes what each pane shows (``tui.view.poll_view``); the next poll
+is scheduled when the last one was shown, so polls never overlap and a slow NVML never blocks the UI.
+Nothing here imports torch.
 
 A monitor must stay cheap beside a training run: a refresh repaints only the table cells whose text
 changed, and everything static is painted once.
@@ -41,9 +42,10 @@ from tui.source_protocols import AnatomySourceLike, MachineSourceLike
 from tui.sources.anatomy_source import TrainingProcess
 from tui.sources.filters import ProcessFilter
 from tui.sources.history import MachineHistory
-from tui.sources.model import GpuProcess, MachineSnapshot
-from tui.sources.reconcile import nvml_process_bytes
+from tui.sources.model import GpuProcess, MachineSnapshot, SourceError
 from tui.terminal import Display
+from tui.view.anatomy_text import stale_text
+from tui.view.poll import PollView, poll_view
 from tui.widgets import display_filter
 from tui.widgets.anatomy_pane import AnatomyPane
 from tui.widgets.gpu_history import GpuHistory
@@ -52,7 +54,6 @@ from tui.widgets.header import MachineHeader, NvmlBanner
 from tui.widgets.key_bar import KeyBar
 from tui.widgets.layout import WIDE_FROM
 from tui.widgets.line_table import LineTable
-from tui.widgets.process_rows import build_rows
 from tui.widgets.process_table import ProcessTable
 from tui.widgets.status_lines import PANE_NVSMI, pane_tabs_text, proc_bar_text, status_text
 from tui.widgets.text_static import TextStatic
@@ -61,13 +62,6 @@ __all__ = ["AnatomyTopApp", "run_app"]
 
 NARROW, WIDE = "-narrow", "-wide"
 STALE_AFTER_S = 10.0  # a live publisher silent this long (or 3 refreshes) is flagged in the anatomy pane
-
-
-def nvml_bytes_for(machine: MachineSnapshot | None, pid: int) -> int | None:
-    """What NVML reports for ``pid`` on the GPU it trains on, or None where it reports nothing."""
-    if machine is None:
-        return None
-    return nvml_process_bytes(pid, machine.processes)
 
 
 class AnatomyTopApp(MonitorKeys):
@@ -117,6 +111,8 @@ class AnatomyTopApp(MonitorKeys):
         self.starting_pid = starting_pid
         self.training: list[TrainingProcess] = []
         self.host_figures: dict[int, GpuProcess] = {}
+        # What the panes show, computed off the UI thread (the start-up frame's machine until a poll).
+        self.view = poll_view(first_machine, (), plain=self.caps.plain)
         self.errors: list[str] = []
         self.polls = 0  # completed polls, for tests and the status line
         self.anatomy_pid: int | None = None  # the publishing process the anatomy pane follows
@@ -213,18 +209,20 @@ class AnatomyTopApp(MonitorKeys):
         errors: list[str] = []
         machine: MachineSnapshot | None = None
         training: list[TrainingProcess] = []
+        source_errors: tuple[SourceError, ...] = ()
         figures: dict[int, GpuProcess] = {}
         try:
             machine = self.machine_source.snapshot()
         except Exception as exc:
             errors.append(f"GPU data: {type(exc).__name__}: {exc}")
         try:
-            training = list(self.anatomy_source.poll())
+            reading = self.anatomy_source.read()
+            training, source_errors = list(reading.processes), reading.errors
         except Exception as exc:
             errors.append(f"training data: {type(exc).__name__}: {exc}")
         try:
             on_gpu = {p.pid for p in machine.processes} if machine is not None else set()
-            missing = [t.pid for t in training if t.pid > 0 and t.pid not in on_gpu]
+            missing = [t.pid for t in training if t.pid not in on_gpu]
             if missing:
                 figures = dict(self._host_lookup(missing))
         except Exception as exc:
@@ -239,7 +237,17 @@ class AnatomyTopApp(MonitorKeys):
         except Exception as exc:
             errors.append(f"cleaning: {type(exc).__name__}: {exc}")
             machine, training, figures = None, [], {}
-        return Polled(machine, training, figures, [on_screen.clean(e) for e in errors])
+        errors += [str(e) for e in source_errors]
+        previous = self.view
+        shown = machine if machine is not None else previous.machine  # the last one stays on screen
+        try:
+            view = poll_view(
+                shown, training, figures, source_errors, plain=self.caps.plain, previous=previous
+            )
+        except Exception as exc:
+            errors.append(f"display: {type(exc).__name__}: {exc}")
+            view = PollView(machine=shown)
+        return Polled(view, machine, [on_screen.clean(e) for e in errors])
 
     def on_polled(self, message: Polled) -> None:
         self._polling = False
@@ -251,12 +259,10 @@ class AnatomyTopApp(MonitorKeys):
                 notice = unknown_gpus_notice(self.process_filter, self.machine)
                 if notice is not None:
                     tell(self, notice, "warning", 10)
-        self.training = [t for t in message.training if t.pid > 0]
-        self.host_figures = message.host_figures
-        # The anatomy source reports its own failure as a PID-less entry.
-        self.errors = message.errors + [
-            f"training data: {t.error}" for t in message.training if t.pid <= 0 and t.error
-        ]
+        view = self.view = message.view
+        self.training = list(view.training)
+        self.host_figures = dict(view.host_figures)
+        self.errors = message.errors
         try:
             self._render_all()
         except NoMatches:
@@ -286,14 +292,14 @@ class AnatomyTopApp(MonitorKeys):
         with self.batch_update():
             self._render_header()
             self.query_one(NvmlBanner).show(self.machine)
-            gpus = self.process_filter.gpus_of(self.machine.gpus if self.machine is not None else ())
+            gpus = [g for g in self.view.gpus if self.process_filter.keeps_gpu(g.index)]
             self.query_one(GpuTable).show(gpus)
             history = self.query_one(GpuHistory)
             if history.display:
-                history.show(gpus, self.history)
-            rows = self.process_filter.rows(build_rows(self.machine, self.training, self.host_figures))
+                history.show([g.gpu for g in gpus], self.history)
+            rows = self.process_filter.rows(list(self.view.rows))
             table = self.query_one(ProcessTable)
-            table.show(rows)
+            table.show(rows, self.view.cells)
             if not table.user_moved:
                 # Until the user moves it, the cursor is on a process that publishes its anatomy (the
                 # first one to appear, even seconds after start), so both panes say something.
@@ -308,7 +314,7 @@ class AnatomyTopApp(MonitorKeys):
             self._render_status()
 
     def _render_header(self) -> None:
-        self.query_one(MachineHeader).show(self.machine, self.interval, self.paused)
+        self.query_one(MachineHeader).show(self.view.header, self.interval, self.paused)
 
     def _render_status(self) -> None:
         status = self.query_one("#status", TextStatic)
@@ -320,7 +326,7 @@ class AnatomyTopApp(MonitorKeys):
 
     def _render_proc_bar(self) -> None:
         table = self.query_one(ProcessTable)
-        publishing = sum(1 for t in self.training if t.pid > 0)
+        publishing = len(self.training)
         only = self.process_filter.describe() if self.process_filter.active else None
         text = proc_bar_text(
             table.row_count, table.total_count, publishing, table.sort_label, only, table.filter_text
@@ -328,7 +334,7 @@ class AnatomyTopApp(MonitorKeys):
         self.query_one("#proc-bar", TextStatic).show_text(text)
 
     def _selected_training(self) -> TrainingProcess | None:
-        by_pid = {t.pid: t for t in self.training if t.pid > 0}
+        by_pid = {t.pid: t for t in self.training}
         row = self.query_one(ProcessTable).selected_row
         if row is not None and row.pid in by_pid:
             self.anatomy_pid = row.pid
@@ -350,25 +356,15 @@ class AnatomyTopApp(MonitorKeys):
         pane.waiting_for = self._starting_label()
         if only_if_changed and process is pane.process and hint == pane.hint:
             return
-        group: list[TrainingProcess] = []
-        if process is not None and process.rank_group is not None:
-            group = [t for t in self.training if t.rank_group == process.rank_group]
-        nvml_bytes = nvml_bytes_for(self.machine, process.pid) if process is not None else None
+        view = self.view.anatomy.get(process.pid) if process is not None else None
         stale_s = self._stale_seconds(process)
-        # The anatomy source hands out new objects every poll; a publisher that sent nothing new
-        # compares equal (same snapshot object), and then the pane has nothing new to draw.
-        shown = (
-            process,
-            tuple(group),
-            nvml_bytes,
-            hint,
-            None if stale_s is None else int(stale_s),
-            pane.waiting_for,
-        )
+        # The poll worker hands out the same view while a publisher sends nothing new: then the pane
+        # has nothing new to draw.
+        shown = (view, hint, None if stale_s is None else int(stale_s), pane.waiting_for)
         if shown == self._anatomy_shown and pane.process is not None and pane.process == process:
             return
         self._anatomy_shown = shown
-        pane.show(process, group, nvml_bytes, hint=hint, stale_s=stale_s)
+        pane.show(view, hint=hint, stale=stale_text(stale_s) if stale_s is not None else None)
 
     def _starting_label(self) -> str | None:
         """While a training job known to be starting has not published: what the pane waits for."""

@@ -34,8 +34,7 @@ if TYPE_CHECKING:
     import argparse
     from typing import Any
 
-    from tui.sources.model import GpuProcess, HostInfo, MachineSnapshot
-    from tui.sources.nvml import NvmlSource
+    from tui.sources.model import MachineSnapshot
 
 ONCE_WAIT_S = 1.0  # how long --once waits for each training process's first snapshot
 # What the text report never prints: not asked of NVML by `--once` without --json.
@@ -188,7 +187,7 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace | _Options:
 
 # ------------------------------------------------------------------------------------------ demo
 # ------------------------------------------------------------------------------------------ once
-def _may_have_publishers() -> bool:
+def may_have_publishers() -> bool:
     """A cheap pre-check before loading the anatomy side (~15 ms of imports) for --once.
 
     Looks for any ``anatomy-*`` entry in every directory ``anatomy.protocol.runtime_dir`` could pick
@@ -209,20 +208,19 @@ def _may_have_publishers() -> bool:
 
 def _training(machine: MachineSnapshot, as_json: bool) -> Any:
     """Each publishing training process's anatomy for --once (None when none publishes)."""
-    if not _may_have_publishers():
+    if not may_have_publishers():
         return None
     try:
         from tui.sources.anatomy_source import poll_once
 
-        processes = poll_once(wait_s=ONCE_WAIT_S)
-        for failed in [p for p in processes if p.pid <= 0]:
-            # The source's own refusal (a directory someone else could have planted in): one line.
+        reading = poll_once(wait_s=ONCE_WAIT_S)
+        if reading.errors:
+            # The source's own refusal (a directory someone else could have planted in): one line each.
             from tui.sanitize import clean
 
-            print(
-                f"{PROG}: training processes not shown: {clean(failed.error or 'unknown')}", file=sys.stderr
-            )
-        processes = [p for p in processes if p.pid > 0]
+            for error in reading.errors:
+                print(f"{PROG}: training processes not shown: {clean(error.message)}", file=sys.stderr)
+        processes = list(reading.processes)
         if not processes:
             return None
         if as_json:
@@ -237,58 +235,14 @@ def _training(machine: MachineSnapshot, as_json: bool) -> Any:
         return None
 
 
-def _host_side(processes: tuple[GpuProcess, ...]) -> tuple[tuple[GpuProcess, ...], HostInfo]:
-    """The host's view of NVML's processes, and the host line: /proc on Linux, psutil elsewhere."""
-    from tui.sources import procfs
-    from tui.sources.model import HostInfo
-
-    if procfs.available():
-        enrich: Callable[[], tuple[GpuProcess, ...]] = lambda: procfs.enrich(processes)  # noqa: E731
-        host: Callable[[], HostInfo] = procfs.host
-    else:
-        from tui.sources.host import HostSource
-        from tui.sources.processes import ProcessEnricher
-
-        enrich = lambda: ProcessEnricher().enrich(processes)  # noqa: E731
-        host = HostSource().snapshot
-    try:
-        enriched = enrich()
-    except Exception:  # enrichment is a bonus: NVML's own facts still stand
-        enriched = processes
-    try:
-        info = host()
-    except Exception:
-        info = HostInfo()
-    return enriched, info
-
-
-def first_snapshot(source: NvmlSource, close: bool = False) -> tuple[MachineSnapshot, int]:
-    """One machine snapshot, and the NVML calls it took: one NVML pass (then NVML is shut down when
-    ``close``), then the host's view of its processes from /proc (no psutil import on Linux)."""
-    import time
-
-    from tui.sources.model import MachineSnapshot
-
-    now = time.time()
-    try:
-        reading = source.query()
-    finally:
-        if close:
-            source.close()
-    processes, host = _host_side(reading.processes)
-    machine = MachineSnapshot(
-        time=now, nvml=reading.status, gpus=reading.gpus, processes=processes, host=host
-    )
-    return machine, reading.calls
-
-
 def machine_once(
     omit: Sequence[str] = (), nvml_unavailable: str | None = None
 ) -> tuple[MachineSnapshot, int]:
     """One machine snapshot for a one-shot report, asking NVML only for what is printed (``omit``)."""
+    from tui.sources.machine import read_once
     from tui.sources.nvml import NvmlSource
 
-    return first_snapshot(NvmlSource(omit=omit, unavailable_reason=nvml_unavailable), close=True)
+    return read_once(NvmlSource(omit=omit, unavailable_reason=nvml_unavailable), close=True)
 
 
 def run_once(as_json: bool, nvml_unavailable: str | None = None, process_filter: Any = None) -> int:
@@ -383,13 +337,14 @@ def run_exporter(argv: Sequence[str]) -> int:
 def run_monitor(args: Any, nvml_unavailable: str | None = None, starting_pid: int | None = None) -> int:
     """The live monitor: read NVML and draw the first frame from it, then load Textual and hand over."""
     from tui import first_frame
+    from tui.sources.machine import read_once
     from tui.sources.nvml import NvmlSource
     from tui.terminal import detect
 
     caps = detect(ascii_only=bool(getattr(args, "ascii", False)))
     interval = float(getattr(args, "interval", DEFAULT_INTERVAL) or DEFAULT_INTERVAL)
     nvml = NvmlSource(unavailable_reason=nvml_unavailable)
-    first, _ = first_snapshot(nvml)
+    first, _ = read_once(nvml)
     from tui.sources import on_screen
 
     first = on_screen.machine(first)  # the start-up frame draws other processes' names too

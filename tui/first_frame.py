@@ -22,6 +22,10 @@ from rich.text import Text
 
 from tui.sources.model import MachineSnapshot
 from tui.terminal import Display, to_ascii
+from tui.view.gpus import gpu_views
+from tui.view.header import header_view
+from tui.view.process_cells import GAP, JUSTIFY, columns_for, elide_middle, picker, process_cells
+from tui.view.process_rows import TRAINING_FIRST, build_rows, sort_rows
 from tui.widgets.gpu_layout import (
     COMPACT_COLUMNS,
     COMPACT_JUSTIFY,
@@ -33,8 +37,6 @@ from tui.widgets.gpu_layout import (
 from tui.widgets.gpu_layout import gpu_cells as compact_cells
 from tui.widgets.header_text import COMPACT_BELOW, header_text
 from tui.widgets.layout import anatomy_width, gpu_mode_for, gpu_table_height, is_wide
-from tui.widgets.process_cells import GAP, JUSTIFY, columns_for, elide_middle, picker, process_cells
-from tui.widgets.process_rows import TRAINING_FIRST, build_rows, sort_rows
 
 ENTER = "\x1b[?1049h\x1b[?25l\x1b[H\x1b[2J"  # alternate screen, cursor hidden, cleared
 LEAVE = "\x1b[2J\x1b[?25h\x1b[?1049l"  # cleared, cursor shown, back to the normal screen
@@ -141,7 +143,7 @@ def layout_lines(
     """Screen line -> (column, text) of the start-up frame: the monitor's header, GPU table, process bar
     and process table at the places the monitor's layout puts them."""
     placed: dict[int, tuple[int, Text]] = {}
-    header = header_text(machine, interval, False, compact=width < COMPACT_BELOW)
+    header = header_text(header_view(machine), interval, False, compact=width < COMPACT_BELOW)
     y = 0
     for line in header.split("\n"):
         placed[y] = (1, line)
@@ -153,7 +155,7 @@ def layout_lines(
         y += 1  # the pane tabs
     pane = width - anatomy_width(width) if wide else width
     body = height - y - 1  # the key bar
-    gpus = sorted(machine.gpus, key=lambda g: g.index)
+    gpus = gpu_views(machine.gpus)
     if gpu_mode_for(width) == FULL and gpus:
         layout = full_layout(gpus, pane - 2)
         gpu_lines = [Text(" " + line, style="bold") for line in full_header(layout).split("\n")]

@@ -29,6 +29,7 @@ from tui.screens.process_requests import EnvironmentRequested, SignalRequested
 from tui.selection import Selection
 from tui.source_protocols import AnatomySourceLike
 from tui.sources.anatomy_source import TrainingProcess
+from tui.view.poll import PollView
 from tui.widgets.anatomy_pane import AnatomyPane
 from tui.widgets.gpu_history import GpuHistory
 from tui.widgets.gpu_table import COMPACT, FULL, GpuTable
@@ -139,6 +140,7 @@ class MonitorKeys(App[int]):
     interval: float
     selection: Selection
     training: list[TrainingProcess]
+    view: PollView
     anatomy_pid: int | None
     errors: list[str]
     _polling: bool
@@ -268,7 +270,8 @@ class MonitorKeys(App[int]):
             self.errors = [f"dismiss: {type(exc).__name__}: {exc}"]
             self._render_status()
             return
-        self.training = [t for t in self.training if t.pid != process.pid]
+        self.view = self.view.without(process.pid)
+        self.training = list(self.view.training)
         self.anatomy_pid = None
         self._render_all()
         self.refresh_now()

@@ -5,24 +5,20 @@ from __future__ import annotations
 
 from textual.message import Message
 
-from tui.sources.anatomy_source import TrainingProcess
-from tui.sources.model import GpuProcess, MachineSnapshot
+from tui.sources.model import MachineSnapshot
+from tui.view.poll import PollView
 
 
 class Polled(Message):
-    """One poll's results, posted from the worker thread."""
+    """One poll's results, posted from the worker thread: what each pane shows (``view``, with the last
+    machine snapshot where this poll read none), and what the poll could not do (``errors``, cleaned)."""
 
     def __init__(
-        self,
-        machine: MachineSnapshot | None,
-        training: list[TrainingProcess],
-        host_figures: dict[int, GpuProcess] | None = None,
-        errors: list[str] | None = None,
+        self, view: PollView, machine: MachineSnapshot | None = None, errors: list[str] | None = None
     ) -> None:
         super().__init__()
-        self.machine = machine
-        self.training = training
-        self.host_figures = host_figures or {}
+        self.view = view
+        self.machine = machine  # this poll's machine snapshot; None where NVML's side failed
         self.errors = errors or []
 
     def can_replace(self, message: Message) -> bool:

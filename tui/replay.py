@@ -21,7 +21,8 @@ from textual.widgets import Static
 from anatomy.protocol import Hello, Snapshot
 from anatomy.runs import Run, RunGroup
 from tui.format import fmt_bytes
-from tui.sources.anatomy_source import EXITED, OOM, TrainingProcess, rank_group_key
+from tui.sources.anatomy_source import EXITED, LIVE, OOM, TrainingProcess, rank_group_key
+from tui.view.anatomy import anatomy_view
 from tui.widgets.anatomy_pane import AnatomyPane
 
 POINTS = 600  # per sparkline series: more than the pane has cells
@@ -73,7 +74,7 @@ def process_at(run: Run, frame: Frame, history: tuple[tuple[int, ...], tuple[flo
         hello=frame.hello,
         snapshot=frame.snapshot,
         # "live" for a job's ranks, so the ranks table names the slowest; the title says it is a replay.
-        state=OOM if frame.oom else ("live" if (run.world_size or 1) > 1 else EXITED),
+        state=OOM if frame.oom else (LIVE if (run.world_size or 1) > 1 else EXITED),
         memory_history=history[0],
         step_time_history=history[1],
         rank_group=rank_group_key(frame.hello),
@@ -127,7 +128,7 @@ class ReplayApp(App[int]):
         run = self.group.runs[self.rank]
         if not frames_:
             status.update(Text(f"replay {self.group.id}: no snapshot recorded", style="bold"))
-            pane.show(None, (), None)
+            pane.show(None)
             return
         self.index = min(max(self.index, 0), len(frames_) - 1)
         frame = frames_[self.index]
@@ -138,7 +139,8 @@ class ReplayApp(App[int]):
                 near = min(self.frames[i], key=lambda f: abs(f.snapshot.step - frame.snapshot.step))
                 group.append(process_at(other, near, self.histories[i]))
         when = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(frame.snapshot.time))
-        pane.show(process, group, None, hint=f"recorded at {when}; the sparklines span the whole run")
+        view = anatomy_view(process, group, None, plain=pane.plain)
+        pane.show(view, hint=f"recorded at {when}; the sparklines span the whole run")
         text = Text(f"replay {self.group.id}", style="bold")
         if len(self.group.runs) > 1:
             text.append(f"  rank {run.rank} ({self.rank + 1} of {len(self.group.runs)})")

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Protocol
 
-from tui.sources.anatomy_source import TrainingProcess
+from tui.sources.anatomy_source import TrainingReading
 from tui.sources.model import MachineSnapshot
 
 
@@ -15,7 +15,7 @@ class MachineSourceLike(Protocol):
 
 
 class AnatomySourceLike(Protocol):
-    def poll(self) -> list[TrainingProcess]: ...
+    def read(self) -> TrainingReading: ...
     def close(self) -> None: ...
 
 

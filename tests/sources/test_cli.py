@@ -415,6 +415,6 @@ def test_publisher_precheck_covers_the_protocols_runtime_dir(
     elif where == "xdg":
         monkeypatch.setenv("XDG_RUNTIME_DIR", str(tmp_path / "xdg"))
     directory = protocol.runtime_dir(create=True)
-    assert not cli._may_have_publishers()
+    assert not cli.may_have_publishers()
     (directory / protocol.socket_name(12345)).touch()
-    assert cli._may_have_publishers()
+    assert cli.may_have_publishers()

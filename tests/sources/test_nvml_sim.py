@@ -225,7 +225,7 @@ def test_env_simulation_is_installed_once_at_start_up_and_sources_read_it(
 
 
 def test_cache_tiers_cover_every_gpu_field_once(sim: Any, clock: Any) -> None:
-    from tui.sources import nvml
+    from tui.sources import nvml_reading as nvml
 
     tiers = (nvml.IDENTITY_FIELDS, nvml.SLOW_FIELDS, nvml.FAST_FIELDS)
     names = [name for tier in tiers for name in tier]

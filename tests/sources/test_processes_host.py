@@ -121,7 +121,7 @@ def test_access_denied_gives_what_is_readable(
     monkeypatch.setattr(procfs, "read_file", denied_file)
     enricher = ProcessEnricher()
     (p,) = enricher.enrich([GpuProcess(gpu_index=0, pid=proc.pid, type="C")])
-    assert isinstance(enricher._cache[proc.pid], psutil.Process) == (path == "psutil")
+    assert enricher.path_of(proc.pid) == path
     assert p.alive and p.command is None and p.user is None
     assert p.name == "sleep" and p.host_rss is not None and p.host_rss > 0 and p.running_time_s is not None
 
@@ -132,9 +132,9 @@ def test_pid_on_several_gpus_and_cache_pruning(spawn: Callable[[str], Any]) -> N
     enricher = ProcessEnricher()
     rows = enricher.enrich([GpuProcess(gpu_index=i, pid=proc.pid, type="C") for i in range(3)])
     assert [r.gpu_index for r in rows] == [0, 1, 2] and len({r.command for r in rows}) == 1
-    assert proc.pid in enricher._cache
+    assert enricher.known_pids == {proc.pid}
     enricher.enrich([])
-    assert enricher._cache == {}  # processes gone from NVML's list are forgotten
+    assert enricher.known_pids == frozenset()  # processes gone from NVML's list are forgotten
 
 
 def test_machine_snapshot_enriches_simulated_processes(
@@ -286,4 +286,4 @@ def test_unreadable_proc_stat_falls_back_to_psutil(
     ps = psutil.Process(proc.pid)
     assert first.command == "python hidden_by_hidepid.py 300" and first.cpu_percent is None
     assert second.cpu_percent is not None and second.host_rss == ps.memory_info().rss
-    assert isinstance(enricher._cache[proc.pid], psutil.Process)
+    assert enricher.path_of(proc.pid) == "psutil"

@@ -15,7 +15,7 @@ from anatomy.vocabulary import (
     Source,
     expected_bytes_per_param,
 )
-from tui.sources.anatomy_source import TrainingProcess, measured_total, rank_group_key
+from tui.sources.anatomy_source import TrainingProcess, TrainingReading, measured_total, rank_group_key
 from tui.sources.model import GpuInfo, GpuProcess, HostInfo, MachineSnapshot, NvmlStatus
 
 GiB = 1024**3
@@ -382,9 +382,9 @@ class FakeAnatomySource:
         self.closed = False
         self.dismissed: list[int] = []
 
-    def poll(self) -> list[TrainingProcess]:
+    def read(self) -> TrainingReading:
         self.calls += 1
-        return [p for p in self.processes if p.pid not in self.dismissed]
+        return TrainingReading(processes=tuple(p for p in self.processes if p.pid not in self.dismissed))
 
     def dismiss(self, pid: int) -> bool:
         self.dismissed.append(pid)

@@ -63,7 +63,7 @@ class FakeHook:
         self.server.bind(str(self.path))
         self.server.listen(8)
         self.conns: list[socket.socket] = []
-        self._accepted = threading.Event()
+        self.accepted = threading.Event()
         self._thread = threading.Thread(target=self._accept, daemon=True)
         self._thread.start()
 
@@ -74,10 +74,10 @@ class FakeHook:
             except OSError:
                 return
             self.conns.append(conn)
-            self._accepted.set()
+            self.accepted.set()
 
     def send(self, data: bytes) -> None:
-        assert self._accepted.wait(5), "no reader connected"
+        assert self.accepted.wait(5), "no reader connected"
         for conn in self.conns:
             conn.sendall(data)
 
@@ -276,7 +276,7 @@ def test_silent_server_does_not_block(tmp_path: Path, hooks) -> None:
             procs = source.poll()
         assert time.monotonic() - t0 < 1.0
     assert [p.state for p in procs] == ["live"] and procs[0].hello is None
-    assert hook._accepted.wait(2)
+    assert hook.accepted.wait(2)
 
 
 def test_wait_for_first_snapshot(tmp_path: Path, hooks) -> None:

@@ -27,16 +27,17 @@ from tui.screens.environ import EnvironScreen
 from tui.screens.signal_dialog import SignalDialog
 from tui.screens.tree import TreeScreen
 from tui.sources.anatomy_source import measured_total
+from tui.view.gpus import short_name
+from tui.view.process_rows import SORT_KEYS, TRAINING_FIRST
 from tui.widgets.anatomy_pane import AnatomyPane
 from tui.widgets.gpu_history import GpuHistory
-from tui.widgets.gpu_layout import COMPACT, FULL, short_name
+from tui.widgets.gpu_layout import COMPACT, FULL
 from tui.widgets.gpu_table import GpuTable
 from tui.widgets.header import MachineHeader, NvmlBanner
 from tui.widgets.key_bar import KeyBar, key_label
 from tui.widgets.layout import WIDE_FROM
 from tui.widgets.line_table import LineTable
 from tui.widgets.process_metrics import ProcessMetricsScreen
-from tui.widgets.process_rows import SORT_KEYS, TRAINING_FIRST
 from tui.widgets.process_table import ProcessTable
 
 MakeApp = Callable[..., AnatomyTopApp]
@@ -862,9 +863,9 @@ async def test_anatomy_pane_is_drawn_again_only_when_its_process_sent_something_
         drawn: list[int | None] = []
         show = pane.show
 
-        def counting(process: Any, *args: Any, **kwargs: Any) -> None:
-            drawn.append(None if process is None else process.pid)
-            show(process, *args, **kwargs)
+        def counting(view: Any, *args: Any, **kwargs: Any) -> None:
+            drawn.append(None if view is None else view.process.pid)
+            show(view, *args, **kwargs)
 
         pane.show = counting  # type: ignore[method-assign]
         # Equal, not identical: the real source builds new objects on every poll.

@@ -15,8 +15,8 @@ from anatomy.vocabulary import COMPONENT_HELP
 from tui.app import AnatomyTopApp
 from tui.screens.help import GLOSSARY, HelpScreen, monitor_key_rows
 from tui.terminal import Display
+from tui.view.bars import COMPONENT_LETTERS
 from tui.widgets.anatomy_pane import AnatomyPane
-from tui.widgets.bars import COMPONENT_LETTERS
 from tui.widgets.line_table import LineTable
 from tui.widgets.stacked_bar import StackedBar
 

@@ -13,7 +13,7 @@ import frozen
 
 from tui import first_frame
 from tui.terminal import Display
-from tui.widgets.gpu_layout import short_name
+from tui.view.gpus import short_name
 
 REPO = Path(__file__).resolve().parents[2]
 _COLOUR = re.compile(r"\x1b\[[0-9;]*(?:3[0-7]|9[0-7]|4[0-7]|10[0-7]|38;5;\d+|48;5;\d+)(?:;[0-9;]*)?m")

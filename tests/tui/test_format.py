@@ -7,7 +7,7 @@ import math
 import pytest
 
 from tui import format as fmt
-from tui.widgets.bars import EMPTY, FULL, meter, split_cells
+from tui.view.bars import EMPTY, FULL, meter, split_cells
 
 KiB, MiB, GiB = 1024, 1024**2, 1024**3
 
@@ -105,7 +105,7 @@ def test_unmeasured_components_say_so_and_take_no_share() -> None:
 
     from anatomy.vocabulary import Component
     from tui.sources.reconcile import reconcile
-    from tui.widgets.anatomy_pane import component_cells
+    from tui.view.anatomy import component_cells
 
     memory = dict(frozen.MODEL_BYTES)
     memory[Component.ACTIVATIONS] = None  # type: ignore[assignment]

@@ -6,12 +6,12 @@ import frozen
 
 from tui import format as fmt
 from tui.sources.model import GpuInfo
-from tui.widgets.gpu_layout import short_name
+from tui.view.gpus import gpu_view, short_name
 from tui.widgets.gpu_table import COLUMN_KEYS, gpu_cells
 
 
 def _cells(gpu: GpuInfo) -> dict[str, str]:
-    return {key: cell.plain for key, cell in zip(COLUMN_KEYS, gpu_cells(gpu), strict=True)}
+    return {key: cell.plain for key, cell in zip(COLUMN_KEYS, gpu_cells(gpu_view(gpu)), strict=True)}
 
 
 def test_every_field_of_a_healthy_gpu_is_shown() -> None:

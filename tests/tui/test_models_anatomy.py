@@ -15,8 +15,8 @@ from tui.report.anatomy_json import process_dict
 from tui.report.anatomy_text import render_process
 from tui.sources.anatomy_source import TrainingProcess
 from tui.sources.reconcile import reconcile
-from tui.widgets.anatomy_text import title_text
-from tui.widgets.bars import COMPONENT_LETTERS, COMPONENT_STYLES, component_mark
+from tui.view.anatomy_text import title_text
+from tui.view.bars import COMPONENT_LETTERS, COMPONENT_STYLES, component_mark
 
 TOTAL, TRAINABLE = 592_496, 8_192
 

@@ -6,8 +6,8 @@ from __future__ import annotations
 import pytest
 from rich.text import Text
 
-from tui.widgets.process_cells import elide_middle, program_length
-from tui.widgets.process_rows import readable_command
+from tui.view.process_cells import elide_middle, program_length
+from tui.view.process_rows import readable_command
 
 
 @pytest.mark.parametrize(

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import frozen
 
-from tui.widgets.process_rows import ProcessRow, build_rows, filter_rows, row_key, sort_rows
+from tui.view.process_rows import ProcessRow, build_rows, filter_rows, row_key, sort_rows
 
 
 def test_rows_merge_nvml_processes_with_publishers_nvml_does_not_list() -> None:
@@ -55,6 +55,7 @@ async def test_process_table_repaints_a_row_only_when_what_it_shows_changes() ->
     from textual.app import App, ComposeResult
 
     from tui import format as fmt
+    from tui.view.poll import row_cells
     from tui.widgets.process_table import ProcessTable
 
     class Host(App[None]):
@@ -62,10 +63,11 @@ async def test_process_table_repaints_a_row_only_when_what_it_shows_changes() ->
             yield ProcessTable(id="p")
 
     rows = build_rows(frozen.machine(), [], None)
+    values, cells = row_cells(rows)
     app = Host()
     async with app.run_test(size=(160, 40)) as pilot:
         table = app.query_one(ProcessTable)
-        table.show(rows)
+        table.show(rows, cells)
         await pilot.pause()
 
         def aged(row: ProcessRow, seconds: float) -> ProcessRow:
@@ -77,7 +79,8 @@ async def test_process_table_repaints_a_row_only_when_what_it_shows_changes() ->
             before = {k: table.get_row(k) for k in table.row_keys}
             shown_before = {r.key: fmt.fmt_elapsed(r.running_time_s) for r in rows}
             rows = [aged(r, seconds) for r in rows]
-            table.show(rows)
+            values, cells = row_cells(rows, values, cells)
+            table.show(rows, cells)
             for row in rows:
                 shown = fmt.fmt_elapsed(row.running_time_s)
                 assert table.get_cell(row.key, "time").plain == shown

@@ -13,7 +13,7 @@ from textual.pilot import Pilot
 
 from tui.app import AnatomyTopApp
 from tui.terminal import Display
-from tui.widgets.process_rows import SORT_KEYS
+from tui.view.process_rows import SORT_KEYS
 
 MakeApp = Callable[..., AnatomyTopApp]
 

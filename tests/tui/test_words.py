@@ -10,7 +10,7 @@ from anatomy.vocabulary import Source
 from tui import format as fmt
 from tui.sources.anatomy_source import measured_total
 from tui.sources.reconcile import reconcile
-from tui.widgets.anatomy_text import gpu_memory_line, reconcile_note, suggestion_text
+from tui.view.anatomy_text import gpu_memory_line, reconcile_note, suggestion_text
 
 
 def test_a_saving_is_said_once_and_marked_as_an_estimate_unless_measured() -> None:

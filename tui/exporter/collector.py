@@ -104,7 +104,7 @@ class NodeCollector:
             if self._closed:
                 reading = NvmlReading(NvmlStatus(available=False, reason="exporter closed"))
                 processes: list[tuple[TrainingProcess, int]] = []
-                rejected = 0
+                rejected = failed = 0
             else:
                 # The hooks are read on a helper thread while NVML is: NVML's calls wait in the driver
                 # (the GIL released), the hooks' reads are Python; a scrape takes the longer, not the sum.
@@ -112,10 +112,10 @@ class NodeCollector:
                 ahead = self._ahead.take() if self._ahead is not None else None
                 polled = self._poller.submit(self._poll, self._first_wait_s if wait_s is None else wait_s)
                 reading, nvml_age = ahead if ahead is not None else (self._nvml.query(), 0.0)
-                processes, rejected = polled.result()
+                processes, rejected, failed = polled.result()
                 if self._ahead is not None:
                     self._ahead.scraped(began)
-            counts: dict[str, int] = {}
+            counts: dict[str, int] = {ERROR: failed} if failed else {}
             for proc, _ in processes:
                 counts[proc.state] = counts.get(proc.state, 0) + 1
             live = [p for p, _ in processes if p.state == LIVE and p.hello is not None]
@@ -144,7 +144,7 @@ class NodeCollector:
             self.last = scrape
             return scrape
 
-    def _poll(self, wait_s: float) -> tuple[list[tuple[TrainingProcess, int]], int]:
+    def _poll(self, wait_s: float) -> tuple[list[tuple[TrainingProcess, int]], int, int]:
         trusted, rejected = discovery.runtime_dirs(self._dirs, self._euid)
         for r in rejected:
             if (r.path, r.reason) not in self._warned and self._warn is not None:
@@ -154,17 +154,19 @@ class NodeCollector:
         for path in [p for p in self._sources if wanted.get(p) != self._sources[p][1]]:
             self._sources.pop(path)[0].close()
         out: list[tuple[TrainingProcess, int]] = []
+        failed = 0
         for path, owner in wanted.items():
             if path not in self._sources:
                 # exited_ttl_s 0: a process that exits leaves the next scrape.
                 self._sources[path] = (AnatomySource(path, exited_ttl_s=0.0, owner=owner), owner)
             source = self._sources[path][0]
-            for proc in source.poll(wait_for_first_s=wait_s):
-                # pid 0 in state "error" is the source's own failure, not a process: kept, counted.
-                source_failed = proc.state == ERROR and proc.pid == 0
-                if source_failed or discovery.socket_owned_by(proc.path, owner):
+            reading = source.read(wait_for_first_s=wait_s)
+            # The source's own failure is no process: counted among the publishers in state "error".
+            failed += len(reading.errors)
+            for proc in reading.processes:
+                if discovery.socket_owned_by(proc.path, owner):
                     out.append((proc, owner))
-        return out, len(rejected)
+        return out, len(rejected), failed
 
     def close(self) -> None:
         with self._lock:

@@ -2,7 +2,7 @@
 
 Everything is inline: the charts are SVG, the style one ``<style>`` block, no script, no font, no URL: the
 page opens offline on a login node and can be mailed as it is. Memory components take the monitor's
-names (the vocabulary) and colours (``tui.widgets.bars``, as the README's screenshots render them).
+names (the vocabulary) and colours (``tui.view.bars``, as the README's screenshots render them).
 """
 
 from __future__ import annotations

@@ -19,9 +19,9 @@ from tui.sanitize import clean
 from tui.screens.process_requests import EnvironmentRequested, SignalRequested
 from tui.sources.model import GpuProcess
 from tui.sources.tree import ANCESTOR, CHILD, GPU, ProcessTree, TreeRow
+from tui.view.process_cells import elide_middle
+from tui.view.process_rows import readable_command
 from tui.widgets.line_table import LineTable
-from tui.widgets.process_cells import elide_middle
-from tui.widgets.process_rows import readable_command
 from tui.widgets.text_static import TextStatic
 
 SIGNAL_TIP = "send SIGTERM / SIGKILL / SIGINT to the selected process (asks first)"

@@ -1,15 +1,15 @@
 """The monitor's view of training processes that publish their anatomy through the hook.
 
-``AnatomySource.poll()`` discovers hook sockets and OOM files in the runtime directory, keeps one
-non-blocking ``protocol.Reader`` per socket and returns one ``TrainingProcess`` per publisher. It never
-blocks for long (connects use a short timeout), never raises, and holds bounded memory.
+``AnatomySource.read()`` discovers hook sockets and OOM files in the runtime directory, keeps one
+non-blocking ``protocol.Reader`` per socket and returns one ``TrainingProcess`` per publisher, with the
+source's own failures beside them (``TrainingReading``). It never blocks for long (connects use a short
+timeout), never raises, and holds bounded memory.
 
 Stdlib only (plus anatomy.protocol): the monitor never imports torch.
 """
 
 from __future__ import annotations
 
-import contextlib
 import os
 import select
 import threading
@@ -22,14 +22,37 @@ from pathlib import Path
 from anatomy import protocol
 from anatomy.protocol import FileIdentity, Hello, ProtocolError, Reader, Snapshot, file_identity
 from anatomy.vocabulary import PublisherState
+from tui.sources.hook_trust import foreign_server, impersonation
+from tui.sources.model import SourceError
+from tui.sources.oom_dismissals import read_marker, remove_orphan_markers, write_marker
 from tui.sources.run_history import RunHistories
 
-# The vocabulary's words, under the names the monitor's modules import.
-LIVE = PublisherState.LIVE
-OOM = PublisherState.OOM
-EXITED = PublisherState.EXITED
-ERROR = PublisherState.ERROR
-STATES: tuple[str, ...] = tuple(PublisherState)
+# The objects this source reports live in tui.sources.training; most readers import them from here.
+from tui.sources.training import (
+    ERROR,
+    EXITED,
+    LIVE,
+    OOM,
+    STATES,
+    TrainingProcess,
+    TrainingReading,
+    measured_total,
+    rank_group_key,
+)
+
+__all__ = [
+    "ERROR",
+    "EXITED",
+    "LIVE",
+    "OOM",
+    "STATES",
+    "AnatomySource",
+    "TrainingProcess",
+    "TrainingReading",
+    "measured_total",
+    "poll_once",
+    "rank_group_key",
+]
 
 HISTORY_LEN = 120
 # A publisher that went away stays on screen this long, marked "exited", so its last figures can be read.
@@ -39,54 +62,9 @@ RETRY_S = 5.0
 CONNECT_TIMEOUT_S = 0.05
 # A hook that turned us away because it serves its limit of readers is asked again this soon.
 BUSY_RETRY_S = 1.0
-DISMISSED_SUFFIX = ".dismissed"  # beside an OOM record: its mtime_ns, when a user dismissed it
 # Bounds what a directory full of sockets (or a hostile one) can make the monitor hold.
 MAX_PROCESSES = 256
-
-
-@dataclass(frozen=True)
-class TrainingProcess:
-    """One publishing training process, as of the last poll."""
-
-    pid: int
-    hello: Hello | None
-    snapshot: Snapshot | None
-    state: str  # one of STATES
-    error: str | None = None  # why the reader was dropped (state "error"), or the hook's own degradation
-    memory_history: tuple[int, ...] = ()  # measured_total, one per new snapshot, oldest first
-    step_time_history: tuple[float, ...] = ()  # seconds, one per new snapshot that carried a step time
-    rank_group: str | None = None  # processes of one multi-rank job share this key
-    oom: str | None = None  # the out-of-memory exception text, when an OOM file exists for this PID
-    path: Path | None = None  # the socket (or, for state "oom", the OOM file)
-    updated_at: float | None = None  # monotonic time of the last new message
-    # The PID the hook itself published, where it differs from ``pid`` (the kernel's, in our namespace):
-    # a hook in a container sees itself as another PID.
-    published_pid: int | None = None
-
-    @property
-    def rank(self) -> int | None:
-        return self.hello.rank if self.hello is not None else None
-
-    @property
-    def total_bytes(self) -> int | None:
-        return measured_total(self.snapshot) if self.snapshot is not None else None
-
-
-def measured_total(snapshot: Snapshot) -> int:
-    """The step's peak, the figure the anatomy table's rows add up to (one figure, one meaning in the
-    table, its history and the JSON); from a hook that sends no peak, the sum of every component it
-    measured (unmeasured ones count as nothing)."""
-    if snapshot.peak_bytes is not None:
-        return snapshot.peak_bytes
-    return sum(v for v in snapshot.memory.values() if v is not None)
-
-
-def rank_group_key(hello: Hello) -> str:
-    """Ranks of one job: the launcher's run id (torchrun's, shared by every rank) where the hook sent one,
-    else the same host, world size and model class."""
-    if hello.run_id:
-        return f"run|{hello.run_id}|{hello.world_size or 1}"
-    return f"{hello.host}|{hello.world_size or 1}|{hello.model_class}"
+SOURCE_NAME = "training data"  # how this source's own failures are labelled (SourceError.source)
 
 
 @dataclass
@@ -98,7 +76,7 @@ class _Entry:
     reader: Reader | None = None
     hello: Hello | None = None
     snapshot: Snapshot | None = None
-    state: str = LIVE
+    state: PublisherState = LIVE
     error: str | None = None
     memory_history: deque[int] = field(default_factory=lambda: deque(maxlen=HISTORY_LEN))
     step_time_history: deque[float] = field(default_factory=lambda: deque(maxlen=HISTORY_LEN))
@@ -131,8 +109,8 @@ class _OomEntry:
 
 
 class AnatomySource:
-    """Discovers and reads the hooks' sockets. Call ``poll()`` from one thread at a time (a lock guards
-    it anyway); ``close()`` may come from any thread."""
+    """Discovers and reads the hooks' sockets. Call ``read()`` (or ``poll()``) from one thread at a time
+    (a lock guards it anyway); ``close()`` may come from any thread."""
 
     def __init__(
         self,
@@ -172,22 +150,19 @@ class AnatomySource:
 
     # -- public ---------------------------------------------------------------------------------
 
-    def poll(self, wait_for_first_s: float = 0.0) -> list[TrainingProcess]:
-        """Read what arrived and return every known publisher, sorted by PID. With ``wait_for_first_s``
-        (for ``--once``), wait up to that long in total for new sockets' first snapshot."""
+    def read(self, wait_for_first_s: float = 0.0) -> TrainingReading:
+        """Read what arrived: every known publisher, sorted by PID, and this source's own failures beside
+        them. With ``wait_for_first_s`` (for ``--once``), wait up to that long in total for new sockets'
+        first snapshot."""
         with self._lock:
             if self._closed:
-                return []
+                return TrainingReading()
             try:
                 refused = protocol.untrusted_reason(self.directory, self._owner)
                 if refused is not None:
                     # Someone else could have planted anything in it: read nothing, say why, once a poll.
                     self._close_readers()
-                    return [
-                        TrainingProcess(
-                            pid=0, hello=None, snapshot=None, state=ERROR, error=f"not reading {refused}"
-                        )
-                    ]
+                    return TrainingReading(errors=(SourceError(SOURCE_NAME, f"not reading {refused}"),))
                 now = self._clock()
                 self._discover(now)
                 self._read_all(now)
@@ -195,9 +170,14 @@ class AnatomySource:
                     self._wait_first(wait_for_first_s)
                 self._scan_oom()
                 self._expire(self._clock())
-                return self._with_records(self._view())
+                return TrainingReading(processes=tuple(self._with_records(self._view())))
             except Exception as exc:  # a monitor must keep running whatever the directory holds
-                return [TrainingProcess(pid=0, hello=None, snapshot=None, state=ERROR, error=repr(exc))]
+                return TrainingReading(errors=(SourceError(SOURCE_NAME, repr(exc)),))
+
+    def poll(self, wait_for_first_s: float = 0.0) -> list[TrainingProcess]:
+        """The processes of one ``read`` (for callers that only wait for publishers: its errors are
+        dropped)."""
+        return list(self.read(wait_for_first_s).processes)
 
     def _with_records(self, processes: list[TrainingProcess]) -> list[TrainingProcess]:
         """Each process's history from its flight record, where there is one and it holds more."""
@@ -224,7 +204,7 @@ class AnatomySource:
             if oom is not None:
                 removed = True
                 self._dismissed[oom.path] = oom.mtime_ns
-                _write_marker(oom.path, oom.mtime_ns)
+                write_marker(oom.path, oom.mtime_ns)
                 self._markers = True
             for path, entry in list(self._entries.items()):
                 if entry.pid == pid and entry.reader is None:
@@ -281,7 +261,7 @@ class AnatomySource:
                 failed.retry_at, failed.ended_at = now + self._retry_s, now
                 self._entries[path] = failed
                 continue
-            stranger = _foreign_server(reader, self._owner)
+            stranger = foreign_server(reader, self._owner)
             if stranger is not None:
                 reader.close()
                 failed = entry or _Entry(pid=pid, path=path)
@@ -315,7 +295,7 @@ class AnatomySource:
         except Exception as exc:
             failure = f"read failed: {exc!r}"
         if failure is None and reader.hello is not None:
-            failure = _impersonation(reader)
+            failure = impersonation(reader)
             if failure is not None:
                 self._drop(entry, now, ERROR, failure)
                 entry.retry_at = now + self._retry_s
@@ -345,7 +325,7 @@ class AnatomySource:
         elif reader.closed:
             self._drop(entry, now, EXITED, None)
 
-    def _drop(self, entry: _Entry, now: float, state: str, error: str | None) -> None:
+    def _drop(self, entry: _Entry, now: float, state: PublisherState, error: str | None) -> None:
         if entry.reader is not None:
             entry.reader.close()
             entry.reader = None
@@ -384,7 +364,7 @@ class AnatomySource:
                 continue
             if self._dismissed.get(path) == mtime_ns:
                 continue
-            if _read_marker(path) == mtime_ns:  # dismissed by this or another monitor
+            if read_marker(path) == mtime_ns:  # dismissed by this or another monitor
                 self._dismissed[path] = mtime_ns
                 self._markers = True
                 continue
@@ -405,7 +385,7 @@ class AnatomySource:
         for p in gone:
             del self._dismissed[p]
         if gone and self._markers:  # a dismissed record went away: its marker has nothing left to hide
-            _remove_orphan_markers(self.directory)
+            remove_orphan_markers(self.directory)
 
     def _expire(self, now: float) -> None:
         for path, entry in list(self._entries.items()):
@@ -454,7 +434,7 @@ class AnatomySource:
         pid: int,
         hello: Hello | None,
         snapshot: Snapshot | None,
-        state: str,
+        state: PublisherState,
         error: str | None,
         entry: _Entry | None,
         oom_text: str | None,
@@ -482,79 +462,6 @@ class AnatomySource:
         )
 
 
-def _foreign_server(reader: Reader, owner: int) -> str | None:
-    """Why a socket's server is not to be believed: it runs as another user than the directory's."""
-    peer = reader.peer
-    if peer is None or peer.uid in (owner, 0):
-        return None
-    return f"refused: {reader.path.name} is served by uid {peer.uid}, not the directory's uid {owner}"
-
-
-def _impersonation(reader: Reader) -> str | None:
-    """A hello that claims another process than the one the kernel says serves the socket: refused when
-    both live in our PID namespace (a lie); accepted across namespaces (a hook in a container numbers
-    itself differently; the kernel's PID is then the one we use)."""
-    peer, hello = reader.peer, reader.hello
-    if peer is None or hello is None or peer.pid <= 0 or hello.pid == peer.pid:
-        return None
-    if not _same_pid_namespace(peer.pid):
-        return None
-    return (
-        f"refused: the hello claims PID {hello.pid}, but the kernel says PID {peer.pid} serves "
-        f"{reader.path.name}"
-    )
-
-
-def _same_pid_namespace(pid: int) -> bool:
-    try:
-        return os.readlink(f"/proc/{pid}/ns/pid") == os.readlink("/proc/self/ns/pid")
-    except OSError:
-        return True  # cannot tell: be strict
-
-
-def _marker_path(oom_file: Path) -> Path:
-    return oom_file.with_name(oom_file.name + DISMISSED_SUFFIX)
-
-
-def _read_marker(oom_file: Path) -> int | None:
-    try:
-        text = protocol.read_small_file(_marker_path(oom_file), 64)
-    except (OSError, ProtocolError):
-        return None
-    try:
-        return int(text.strip())
-    except ValueError:
-        return None
-
-
-def _write_marker(oom_file: Path, mtime_ns: int) -> None:
-    """Atomically, never through a link (the directory is ours: checked before every poll)."""
-    marker = _marker_path(oom_file)
-    tmp = marker.with_name(f"{marker.name}.{os.getpid()}.tmp")
-    try:
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
-        with os.fdopen(fd, "w") as f:
-            f.write(f"{mtime_ns}\n")
-        os.replace(tmp, marker)
-    except OSError:
-        with contextlib.suppress(OSError):
-            tmp.unlink()
-
-
-def _remove_orphan_markers(directory: Path) -> None:
-    """A marker whose OOM record is gone has nothing left to hide."""
-    try:
-        with os.scandir(directory) as entries:
-            names = {e.name for e in entries}
-    except OSError:
-        return
-    for name in names:
-        if (
-            name.endswith(protocol.OOM_SUFFIX + DISMISSED_SUFFIX)
-            and name[: -len(DISMISSED_SUFFIX)] not in names
-        ):
-            with contextlib.suppress(OSError):
-                (directory / name).unlink()
 
 
 def _oom_text(oom: _OomEntry) -> str:
@@ -563,7 +470,7 @@ def _oom_text(oom: _OomEntry) -> str:
     return oom.error or "out of memory"
 
 
-def poll_once(directory: Path | str | None = None, wait_s: float = 1.0) -> list[TrainingProcess]:
+def poll_once(directory: Path | str | None = None, wait_s: float = 1.0) -> TrainingReading:
     """Everything publishing right now, waiting up to ``wait_s`` in total for first snapshots (``--once``)."""
     with AnatomySource(directory) as source:
-        return source.poll(wait_for_first_s=wait_s)
+        return source.read(wait_for_first_s=wait_s)

@@ -81,6 +81,37 @@ class HostInfo:
     hostname: str | None = None
 
 
+class SourceError:
+    """A data source's own failure, reported beside what it read (never dressed up as a process).
+
+    ``source`` says which one failed ("training data" for the anatomy source); ``message`` says why, in
+    words a user can act on. Immutable; a slotted class, not a dataclass: ``--once`` imports this module
+    and a dataclass definition costs ~0.5 ms of its start-up."""
+
+    __slots__ = ("message", "source")
+    source: str
+    message: str
+
+    def __init__(self, source: str, message: str) -> None:
+        object.__setattr__(self, "source", source)
+        object.__setattr__(self, "message", message)
+
+    def __setattr__(self, name: str, value: object) -> None:
+        raise AttributeError(f"SourceError is immutable: cannot set {name}")
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, SourceError) and (self.source, self.message) == (other.source, other.message)
+
+    def __hash__(self) -> int:
+        return hash((self.source, self.message))
+
+    def __repr__(self) -> str:
+        return f"SourceError(source={self.source!r}, message={self.message!r})"
+
+    def __str__(self) -> str:
+        return f"{self.source}: {self.message}"
+
+
 @dataclass(frozen=True)
 class MachineSnapshot:
     time: float
@@ -88,3 +119,5 @@ class MachineSnapshot:
     gpus: tuple[GpuInfo, ...] = ()
     processes: tuple[GpuProcess, ...] = ()
     host: HostInfo = field(default_factory=HostInfo)
+    # What the sources beside NVML could not read this time (the anatomy source's refusals, ...).
+    errors: tuple[SourceError, ...] = ()

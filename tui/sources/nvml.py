@@ -17,13 +17,29 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
-import struct as struct_module
 import threading
 import time
 from collections.abc import Callable, Collection
 from dataclasses import replace
 
 from tui.sources.model import GpuInfo, GpuProcess, NvmlStatus
+from tui.sources.nvml_buffers import (
+    ProcessEntry,
+    ProcessInfoV1,
+    gpu_processes,
+    read_process_list,
+    read_utilization_samples,
+)
+from tui.sources.nvml_reading import (
+    OMITTABLE_FIELDS,
+    VIEW_ONLY_FIELDS,
+    DeviceState,
+    NvmlReading,
+    decode,
+    fast_fields,
+    format_cuda_version,
+    pci_bus_id,
+)
 
 # typing is not imported at run time (~3 ms of --once start-up); the names are for type checkers.
 TYPE_CHECKING = False
@@ -34,155 +50,19 @@ LIBRARY_MISSING_REASON = "NVIDIA driver not found (libnvidia-ml.so.1 could not b
 BINDINGS_MISSING_REASON = "nvidia-ml-py (pynvml) is not installed"
 CLOSED_REASON = "NVML source closed"
 
-_NOT_AVAILABLE_U32 = 0xFFFFFFFF
-_NOT_AVAILABLE_U64 = 0xFFFFFFFFFFFFFFFF
 _PSTATE_UNKNOWN = 32
 _COMPUTE_MODES = {0: "Default", 1: "Exclusive_Thread", 2: "Prohibited", 3: "Exclusive_Process"}
 
-# Fields a caller may leave unasked (``NvmlSource(omit=...)``): what the text report never prints.
-OMITTABLE_FIELDS = ("uuid", "nvml_version", "process_utilization")
-# Slow fields that only nvidia-smi's view shows, which the exporter does not export: it leaves them
-# unasked (None), one NVML call per GPU and slow refresh each.
-VIEW_ONLY_FIELDS = ("persistence_mode", "display_active", "performance_state", "compute_mode")
 # Per-process utilization is read as the samples of the last PROCESS_SAMPLE_WINDOW_S (lastSeenTimeStamp
 # = now - window, in the driver's CPU time): a refresh faster than the driver's sampling period still
 # finds each busy process's last sample, and a process that went idle reads 0 % after the window.
 PROCESS_SAMPLE_WINDOW_S = 1.0
-
-# Field names of GpuInfo per cache tier.
-IDENTITY_FIELDS = ("name", "uuid", "bus_id")
-SLOW_FIELDS = (
-    "persistence_mode",
-    "display_active",
-    "ecc_volatile_uncorrected",
-    "fan_percent",
-    "temperature_c",
-    "performance_state",
-    "power_limit_w",
-    "compute_mode",
-    "mig_mode",
-)
-FAST_FIELDS = (
-    "memory_total",
-    "memory_used",
-    "memory_free",
-    "memory_reserved",
-    "gpu_util",
-    "memory_util",
-    "power_w",
-)
 
 
 class _GpuLost(Exception):
     """Raised out of the choke point when a device fell off the bus; ends that device's pass."""
 
 
-class _ProcessInfoV1(ctypes.Structure):
-    # The pre-MIG layout (drivers before the _v2 process calls): 16 bytes, no instance ids.
-    _fields_ = [("pid", ctypes.c_uint), ("usedGpuMemory", ctypes.c_ulonglong)]
-
-
-class _ProcessUtilizationSample(ctypes.Structure):
-    # nvmlProcessUtilizationSample_t. Decoded in bulk with struct (a refresh reads ~6 samples per busy
-    # process); pynvml's own struct class answers each field access through a Python __getattribute__.
-    _fields_ = [
-        ("pid", ctypes.c_uint),
-        ("timeStamp", ctypes.c_ulonglong),
-        ("smUtil", ctypes.c_uint),
-        ("memUtil", ctypes.c_uint),
-        ("encUtil", ctypes.c_uint),
-        ("decUtil", ctypes.c_uint),
-    ]
-
-
-_SAMPLE_FORMAT = "@IQIIII"  # the same layout, native alignment (the padding after pid included)
-
-
-class NvmlReading:
-    """One pass over NVML: the status, every GPU, every GPU process (not yet host-enriched).
-
-    ``calls``: the NVML C calls this pass made (fallback attempts included). A plain slotted class,
-    not a dataclass: defining a dataclass costs ~0.5 ms of start-up, which ``--once`` pays.
-    """
-
-    __slots__ = ("calls", "gpus", "processes", "status")
-
-    def __init__(
-        self,
-        status: NvmlStatus,
-        gpus: tuple[GpuInfo, ...] = (),
-        processes: tuple[GpuProcess, ...] = (),
-        calls: int = 0,
-    ) -> None:
-        self.status = status
-        self.gpus = gpus
-        self.processes = processes
-        self.calls = calls
-
-    def _key(self) -> tuple[Any, ...]:
-        return (self.status, self.gpus, self.processes, self.calls)
-
-    def __eq__(self, other: object) -> bool:
-        return isinstance(other, NvmlReading) and self._key() == other._key()
-
-    __hash__ = None  # type: ignore[assignment]
-
-    def __repr__(self) -> str:
-        return (
-            f"NvmlReading(status={self.status!r}, gpus={self.gpus!r}, processes={self.processes!r}, "
-            f"calls={self.calls!r})"
-        )
-
-
-class _Device:
-    __slots__ = (
-        "error",
-        "fast",
-        "fast_at",
-        "handle",
-        "identity",
-        "index",
-        "lost",
-        "proc_capacity",
-        "processes",
-        "slow",
-        "slow_at",
-        "util_capacity",
-        "util_supported",
-    )
-
-    def __init__(self, index: int) -> None:
-        self.index = index
-        self.handle: Any = None
-        self.lost = False
-        self.error: str | None = None
-        self.identity: dict[str, Any] | None = None
-        self.slow: dict[str, Any] | None = None
-        self.slow_at = float("-inf")
-        self.fast: dict[str, Any] | None = None
-        self.fast_at = float("-inf")
-        self.processes: tuple[GpuProcess, ...] = ()
-        # Last list length per process kind, to size the next read's buffer.
-        self.proc_capacity: dict[str, int] = {}
-        # nvmlDeviceGetProcessUtilization: the last answer's length (to size the next buffer), and
-        # False once it said NOT_SUPPORTED.
-        self.util_capacity = 0
-        self.util_supported = True
-
-
-def _decode(value: Any) -> str | None:
-    if value is None:
-        return None
-    if isinstance(value, bytes):
-        return value.decode("utf-8", errors="replace")
-    return str(value)
-
-
-def format_cuda_version(version: int | None) -> str | None:
-    """NVML's integer CUDA driver version (12040) as nvidia-smi prints it ("12.4")."""
-    if version is None or version <= 0:
-        return None
-    return f"{version // 1000}.{(version % 1000) // 10}"
 
 
 class NvmlSource:
@@ -231,7 +111,7 @@ class NvmlSource:
         self._initialized = False
         self._init_failed_at: float | None = None
         self._status = NvmlStatus(available=False, reason="NVML not initialised yet")
-        self._devices: list[_Device] = []
+        self._devices: list[DeviceState] = []
         self._missing: set[str] = set()  # symbols the driver lacks, never asked for again
         self._calls = 0
         self._calls_lock = threading.Lock()  # GPUs read in parallel count their calls here
@@ -347,11 +227,11 @@ class NvmlSource:
             return False
         self._initialized = True
         try:
-            driver = _decode(self._get(("nvmlSystemGetDriverVersion", pynvml.nvmlSystemGetDriverVersion)))
+            driver = decode(self._get(("nvmlSystemGetDriverVersion", pynvml.nvmlSystemGetDriverVersion)))
             nvml_version = (
                 None
                 if "nvml_version" in self.omit
-                else _decode(self._get(("nvmlSystemGetNVMLVersion", pynvml.nvmlSystemGetNVMLVersion)))
+                else decode(self._get(("nvmlSystemGetNVMLVersion", pynvml.nvmlSystemGetNVMLVersion)))
             )
             cuda = self._get(
                 ("nvmlSystemGetCudaDriverVersion_v2", pynvml.nvmlSystemGetCudaDriverVersion_v2),
@@ -393,9 +273,9 @@ class NvmlSource:
         )
         return int(count or 0)
 
-    def _open_device(self, index: int) -> _Device:
+    def _open_device(self, index: int) -> DeviceState:
         pynvml = self._nvml
-        dev = _Device(index=index)
+        dev = DeviceState(index=index)
 
         def handle_v1() -> Any:
             handle = pynvml.c_nvmlDevice_t()
@@ -445,7 +325,7 @@ class NvmlSource:
         raise pynvml.NVMLError(pynvml.NVML_ERROR_FUNCTION_NOT_FOUND)
 
     # ----------------------------------------------------------------- per device
-    def _read_device(self, dev: _Device, now: float) -> tuple[GpuInfo, tuple[GpuProcess, ...]]:
+    def _read_device(self, dev: DeviceState, now: float) -> tuple[GpuInfo, tuple[GpuProcess, ...]]:
         if dev.lost:
             return GpuInfo(index=dev.index, lost=True, error=dev.error), ()
         try:
@@ -468,10 +348,10 @@ class NvmlSource:
     def _read_identity(self, h: Any) -> dict[str, Any]:
         pynvml = self._nvml
         return {
-            "name": _decode(self._get(("nvmlDeviceGetName", lambda: pynvml.nvmlDeviceGetName(h)))),
+            "name": decode(self._get(("nvmlDeviceGetName", lambda: pynvml.nvmlDeviceGetName(h)))),
             "uuid": None
             if "uuid" in self.omit
-            else _decode(self._get(("nvmlDeviceGetUUID", lambda: pynvml.nvmlDeviceGetUUID(h)))),
+            else decode(self._get(("nvmlDeviceGetUUID", lambda: pynvml.nvmlDeviceGetUUID(h)))),
             "bus_id": self._bus_id(h),
         }
 
@@ -493,15 +373,7 @@ class NvmlSource:
         )
         if info is None:
             return None
-        # The string moved between struct versions (busIdLegacy → busId); the numbers are the last resort.
-        text = _decode(info.busId) or _decode(info.busIdLegacy)
-        if text:
-            domain, sep, rest = text.partition(":")
-            # Legacy ids have a 4-digit domain ("0000:18:00.0"); nvidia-smi prints 8 digits.
-            return f"{domain.zfill(8)}{sep}{rest}".upper() if sep else text
-        if info.domain or info.bus or info.device:
-            return f"{info.domain:08X}:{info.bus:02X}:{info.device:02X}.0"
-        return None
+        return pci_bus_id(info)
 
     def _read_slow(self, h: Any) -> dict[str, Any]:
         pynvml = self._nvml
@@ -574,53 +446,17 @@ class NvmlSource:
         )
         util = get(("nvmlDeviceGetUtilizationRates", lambda: pynvml.nvmlDeviceGetUtilizationRates(h)))
         power_mw = get(("nvmlDeviceGetPowerUsage", lambda: pynvml.nvmlDeviceGetPowerUsage(h)))
-        return {
-            "memory_total": None if memory is None else int(memory.total),
-            "memory_used": None if memory is None else int(memory.used),
-            "memory_free": None if memory is None else int(memory.free),
-            "memory_reserved": int(memory.reserved) if hasattr(memory, "reserved") else None,
-            "gpu_util": None if util is None else int(util.gpu),
-            "memory_util": None if util is None else int(util.memory),
-            "power_w": None if power_mw is None else power_mw / 1000.0,
-        }
+        return fast_fields(memory, util, power_mw)
 
     # ----------------------------------------------------------------- processes
-    def _read_processes(self, dev: _Device, mig: bool) -> tuple[GpuProcess, ...]:
+    def _read_processes(self, dev: DeviceState, mig: bool) -> tuple[GpuProcess, ...]:
         compute = self._process_list(dev, "Compute")
         graphics = self._process_list(dev, "Graphics")
-        merged: dict[tuple[int, int | None, int | None], dict[str, Any]] = {}
-        for kind, entries in (("C", compute), ("G", graphics)):
-            for pid, used, gi, ci in entries:
-                gi_id = gi if mig and gi is not None and gi != _NOT_AVAILABLE_U32 else None
-                ci_id = ci if mig and ci is not None and ci != _NOT_AVAILABLE_U32 else None
-                key = (pid, gi_id, ci_id)
-                row = merged.get(key)
-                if row is None:
-                    merged[key] = {"type": kind, "mem": used, "gi": gi_id, "ci": ci_id}
-                else:
-                    row["type"] = "C+G" if row["type"] != kind else kind
-                    if row["mem"] is None:
-                        row["mem"] = used
-        latest = self._utilization(dev, mig) if merged else None
-        idle = (0, 0) if latest is not None else (None, None)
-        procs = []
-        for (pid, _gi, _ci), row in merged.items():
-            sm, bandwidth = latest.get(pid, idle) if latest is not None else idle
-            procs.append(
-                GpuProcess(
-                    gpu_index=dev.index,
-                    pid=pid,
-                    type=row["type"],
-                    gpu_memory=row["mem"],
-                    gpu_instance_id=row["gi"],
-                    compute_instance_id=row["ci"],
-                    sm_util=sm,
-                    memory_bw_util=bandwidth,
-                )
-            )
-        return tuple(procs)
+        if not compute and not graphics:
+            return ()
+        return gpu_processes(dev.index, compute, graphics, mig, self._utilization(dev, mig))
 
-    def _utilization(self, dev: _Device, mig: bool) -> dict[int, tuple[int, int]] | None:
+    def _utilization(self, dev: DeviceState, mig: bool) -> dict[int, tuple[int, int]] | None:
         """pid -> (SM %, memory-bandwidth %) of the processes the driver sampled as busy lately (the
         others are idle: 0); None when the GPU does not sample processes (MIG, many consumer boards,
         an error): N/A."""
@@ -630,7 +466,8 @@ class NvmlSource:
 
         def read() -> dict[int, tuple[int, int]]:
             try:
-                return self._utilization_samples(dev)
+                since = self._wall_clock() - PROCESS_SAMPLE_WINDOW_S
+                return read_utilization_samples(pynvml, dev, since, self._count_call)
             except pynvml.NVMLError_NotFound:  # no sample since the last read: nothing was busy
                 return {}
             except pynvml.NVMLError_NotSupported:
@@ -640,73 +477,18 @@ class NvmlSource:
         latest: dict[int, tuple[int, int]] | None = self._get(("nvmlDeviceGetProcessUtilization", read))
         return latest
 
-    def _utilization_samples(self, dev: _Device) -> dict[int, tuple[int, int]]:
-        """pid -> (smUtil, memUtil) of its newest sample in the window. One call with a buffer sized
-        from the last answer; NVML's size protocol only when the list grew."""
-        pynvml = self._nvml
-        fn = pynvml._nvmlGetFunctionPointer("nvmlDeviceGetProcessUtilization")
-        struct = _ProcessUtilizationSample
-        since = ctypes.c_ulonglong(max(0, int((self._wall_clock() - PROCESS_SAMPLE_WINDOW_S) * 1_000_000)))
-        capacity = dev.util_capacity * 2 + 8
-        for attempt in range(4):
-            if attempt:
-                self._count_call()
-            buffer = (struct * capacity)()
-            count = ctypes.c_uint(capacity)
-            ret = fn(dev.handle, buffer, ctypes.byref(count), since)
-            if ret == pynvml.NVML_ERROR_INSUFFICIENT_SIZE:
-                capacity = count.value * 2 + 8  # samples taken between the calls
-                continue
-            pynvml._nvmlCheckReturn(ret)
-            n = min(count.value, capacity)
-            dev.util_capacity = n
-            latest: dict[int, tuple[int, int, int]] = {}
-            raw = memoryview(buffer).cast("B")[: n * ctypes.sizeof(struct)]
-            for pid, stamp, sm, mem, _enc, _dec in struct_module.iter_unpack(_SAMPLE_FORMAT, raw):
-                # A process may have a sample per sampling period: keep its newest.
-                if stamp >= latest.get(pid, (-1, 0, 0))[0]:
-                    latest[pid] = (stamp, min(100, sm), min(100, mem))
-            return {pid: (sm, mem) for pid, (_stamp, sm, mem) in latest.items()}
-        raise pynvml.NVMLError(pynvml.NVML_ERROR_INSUFFICIENT_SIZE)
-
-    def _process_list(self, dev: _Device, kind: str) -> list[tuple[int, int | None, int | None, int | None]]:
+    def _process_list(self, dev: DeviceState, kind: str) -> list[ProcessEntry]:
         pynvml = self._nvml
         base = f"nvmlDeviceGet{kind}RunningProcesses"
-        v3 = getattr(pynvml, "c_nvmlProcessInfo_v3_t", None) or pynvml.c_nvmlProcessInfo_v2_t
+        v2 = pynvml.c_nvmlProcessInfo_v2_t
+        v3 = getattr(pynvml, "c_nvmlProcessInfo_v3_t", None) or v2
+        count = self._count_call
         entries = self._get(
-            (f"{base}_v3", lambda: self._read_list(dev, f"{base}_v3", v3)),
-            (f"{base}_v2", lambda: self._read_list(dev, f"{base}_v2", pynvml.c_nvmlProcessInfo_v2_t)),
-            (base, lambda: self._read_list(dev, base, _ProcessInfoV1)),
+            (f"{base}_v3", lambda: read_process_list(pynvml, dev, f"{base}_v3", v3, count)),
+            (f"{base}_v2", lambda: read_process_list(pynvml, dev, f"{base}_v2", v2, count)),
+            (base, lambda: read_process_list(pynvml, dev, base, ProcessInfoV1, count)),
         )
         return entries or []
-
-    def _read_list(
-        self, dev: _Device, symbol: str, struct: type[ctypes.Structure]
-    ) -> list[tuple[int, int | None, int | None, int | None]]:
-        """One call with a buffer sized from the last refresh; the size protocol only when it grew."""
-        pynvml = self._nvml
-        fn = pynvml._nvmlGetFunctionPointer(symbol)
-        capacity = dev.proc_capacity.get(symbol, 0) * 2 + 8
-        for attempt in range(4):
-            if attempt:
-                self._count_call()
-            buffer = (struct * capacity)()
-            count = ctypes.c_uint(capacity)
-            ret = fn(dev.handle, ctypes.byref(count), buffer)
-            if ret == pynvml.NVML_ERROR_INSUFFICIENT_SIZE:
-                capacity = count.value * 2 + 8  # processes started between the calls
-                continue
-            pynvml._nvmlCheckReturn(ret)
-            n = min(count.value, capacity)
-            dev.proc_capacity[symbol] = n
-            out: list[tuple[int, int | None, int | None, int | None]] = []
-            for entry in buffer[:n]:
-                used = int(entry.usedGpuMemory)
-                gi = getattr(entry, "gpuInstanceId", None)
-                ci = getattr(entry, "computeInstanceId", None)
-                out.append((int(entry.pid), None if used == _NOT_AVAILABLE_U64 else used, gi, ci))
-            return out
-        raise pynvml.NVMLError(pynvml.NVML_ERROR_INSUFFICIENT_SIZE)
 
 
 __all__ = [

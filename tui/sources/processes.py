@@ -77,6 +77,19 @@ class ProcessEnricher:
                 self._primed.discard(pid)
         return procfs.apply(procs, self._lookup)
 
+    @property
+    def known_pids(self) -> frozenset[int]:
+        """The PIDs whose facts are kept for the next refresh (those of the last ``enrich``)."""
+        return frozenset(self._cache)
+
+    def path_of(self, pid: int) -> str | None:
+        """How the last refresh read ``pid``: "procfs" (the fast path), "psutil" (the fallback: /proc
+        unreadable, or another system), or None where nothing is kept for it."""
+        cached = self._cache.get(pid)
+        if cached is None:
+            return None
+        return "procfs" if isinstance(cached, _Known) else "psutil"
+
     def _lookup(self, pid: int) -> dict[str, object] | None:
         if pid <= 0:
             return None

@@ -12,24 +12,9 @@ from textual.binding import Binding, BindingType
 from textual.containers import Horizontal, Vertical, VerticalScroll
 from textual.widgets import Sparkline, Static
 
-from tui import format as fmt
-from tui.sources.anatomy_source import TrainingProcess
-from tui.sources.jobs import job_of
-from tui.sources.reconcile import PER_PARAMETER, Reconciled, reconcile
-from tui.widgets.anatomy_text import (
-    alert_text,
-    gpu_memory_line,
-    job_total_cells,
-    op_group_cells,
-    op_groups_label,
-    rank_cells,
-    ranks_label,
-    reconcile_note,
-    suggestion_text,
-    timing_text,
-    title_text,
-)
-from tui.widgets.bars import component_mark
+from tui.sources.reconcile import Reconciled
+from tui.sources.training import TrainingProcess
+from tui.view.anatomy import EMPTY_HINT, AnatomyView, waiting_text
 from tui.widgets.line_table import LineTable
 from tui.widgets.stacked_bar import StackedBar
 from tui.widgets.text_static import TextStatic
@@ -59,56 +44,13 @@ RANK_COLUMNS: tuple[tuple[str, str], ...] = (
 )
 RANK_RIGHT = ("rank", "pid", "step_s", "peak", "weights", "optimizer_states", "gradients", "activations")
 
-WAITING_HINT = "\n\nThe pane fills in at its first measured step: memory by component, step time, op groups."
-EMPTY_HINT = (
-    "No training process publishes its anatomy.\n\n"
-    "In the training script:\n"
-    "    import anatomy\n"
-    "    tracker = anatomy.track(model, optimizer)\n"
-    "    with tracker.step(samples=batch_size): ...\n"
-    "or pass anatomy.AnatomyCallback() to a Hugging Face Trainer."
-)
-
-
-def component_cells(rec: Reconciled, plain: bool = False) -> dict[str, tuple[Text, ...]]:
-    """Row key -> cells in COMPONENT_COLUMNS order. Without an at-peak split (an older hook) the rows
-    are each component's own maximum: they go to the Max column and the At peak column shows a dash.
-    ``plain``: no colour, each row marked with the letter that draws it in the bar."""
-    rows: dict[str, tuple[Text, ...]] = {}
-    for row in rec.rows:
-        measured = row.bytes is not None
-        peak_cell = fmt.fmt_bytes(row.bytes, fmt.UNMEASURED) if rec.at_peak else "—"
-        per_param = row.component in PER_PARAMETER
-        rows[row.component.value] = (
-            Text.assemble(component_mark(row.component, plain), " ", row.component.label),
-            Text(peak_cell, justify="right", style="" if measured and rec.at_peak else "bright_black"),
-            Text(fmt.fmt_share(row.share, na="") if measured else "", justify="right"),
-            Text(
-                fmt.fmt_bytes(row.max_bytes, fmt.UNMEASURED),
-                justify="right",
-                style="" if row.max_bytes is not None else "bright_black",
-            ),
-            Text(
-                fmt.fmt_bytes_per_param(
-                    row.bytes_per_param, "" if row.max_bytes is None or not per_param else fmt.NA
-                ),
-                justify="right",
-            ),
-            Text(
-                fmt.fmt_bytes_per_param(row.expected_bytes_per_param, "—"),
-                justify="right",
-                style="bright_black",
-            ),
-        )
-    return rows
-
-
 def _table(columns: Sequence[tuple[str, str]], right: Sequence[str] = (), **kwargs: Any) -> LineTable:
     return LineTable([(key, label, "right" if key in right else "left") for key, label in columns], **kwargs)
 
 
 class AnatomyPane(VerticalScroll):
-    """``show(process, group, nvml_bytes)``; ``process`` None shows how to start publishing."""
+    """``show(view)`` draws one process's ``AnatomyView`` (tui.view.anatomy, computed off the UI thread);
+    None shows how to start publishing."""
 
     can_focus = True
     BINDINGS: ClassVar[list[BindingType]] = [
@@ -123,8 +65,7 @@ class AnatomyPane(VerticalScroll):
 
     def __init__(self, **kwargs: Any) -> None:
         super().__init__(**kwargs)
-        self.process: TrainingProcess | None = None
-        self.reconciled: Reconciled | None = None
+        self.view: AnatomyView | None = None
         self.hint: str | None = None
         # Set by the app while a training job it knows of is starting: said instead of the how-to.
         self.waiting_for: str | None = None
@@ -169,7 +110,7 @@ class AnatomyPane(VerticalScroll):
             yield TextStatic(id="anatomy-suggestions")
 
     def on_mount(self) -> None:
-        self.show(None, (), None)
+        self.show(None)
 
     def action_plan_like(self) -> None:
         """The plan of the shown process's job beside what its hook measured (in a subprocess)."""
@@ -184,95 +125,61 @@ class AnatomyPane(VerticalScroll):
         directory = getattr(getattr(self.app, "anatomy_source", None), "directory", None)
         self.app.push_screen(PlanLikeScreen(process.pid, directory))
 
-    def show(
-        self,
-        process: TrainingProcess | None,
-        group: Sequence[TrainingProcess],
-        nvml_bytes: int | None,
-        hint: str | None = None,
-        stale_s: float | None = None,
-    ) -> None:
-        self.process = process
+    @property
+    def process(self) -> TrainingProcess | None:
+        return self.view.process if self.view is not None else None
+
+    @property
+    def reconciled(self) -> Reconciled | None:
+        return self.view.reconciled if self.view is not None else None
+
+    def show(self, view: AnatomyView | None, hint: str | None = None, stale: Text | None = None) -> None:
+        """Draw ``view`` (None: how to start publishing, or what the pane waits for); ``hint``: which job
+        the pane shows; ``stale``: the title's last line when a live process went quiet."""
+        self.view = view
         self.hint = hint
-        # A job that said hello but has not finished a measured step yet has nothing to show but that.
-        starting = process is not None and process.snapshot is None and process.state == "live"
-        self.set_class(process is None or starting, "-empty")
-        if process is None or starting:
-            self.reconciled = None
-            waiting_for = self.waiting_for
-            if starting and process is not None:
-                waiting_for = waiting_for or f"waiting for PID {process.pid} to publish (starting)"
-            if waiting_for is not None:
-                waiting = Text(waiting_for, style="bold")
-                if process is not None and process.hello is not None:
-                    waiting.append("\n")
-                    waiting.append(Text(f"PID {process.pid} · {process.hello.model_class}", style="cyan"))
-                waiting.append(WAITING_HINT, style="bright_black")
-                self._update("#anatomy-empty", waiting)
-            else:
-                self._update("#anatomy-empty", Text(EMPTY_HINT))
+        starting = view is not None and view.starting
+        self.set_class(view is None or starting, "-empty")
+        if view is None or starting:
+            self._update("#anatomy-empty", waiting_text(self.waiting_for, view))
             return
-        snap = process.snapshot
+        process = view.process
         hint_widget = self.query_one("#anatomy-hint", TextStatic)
         hint_widget.display = hint is not None
         self._update("#anatomy-hint", Text(hint or "", style="italic bright_black"))
-        self._update("#anatomy-title", title_text(process, stale_s))
-        alert = alert_text(process)
+        title = view.title
+        if stale is not None:
+            title = title.copy()
+            title.append_text(stale)
+        self._update("#anatomy-title", title)
         alert_widget = self.query_one("#anatomy-alert", TextStatic)
-        alert_widget.display = alert is not None
+        alert_widget.display = view.alert is not None
         alert_widget.set_class(process.state == "oom", "-oom")
-        self._update("#anatomy-alert", alert if alert is not None else "")
+        self._update("#anatomy-alert", view.alert if view.alert is not None else "")
 
-        rec = reconcile(process.hello, snap, nvml_bytes) if snap is not None else None
-        self.reconciled = rec
-        bar = self.query_one(StackedBar)
-        bar.set_segments([(r.component, r.bytes or 0) for r in rec.rows] if rec is not None else [])
-        cells = component_cells(rec, self.plain) if rec is not None else {}
-        self.query_one("#anatomy-components", LineTable).set_rows(list(cells.items()))
-        self._update(
-            "#anatomy-reconcile",
-            reconcile_note(rec, snap.step if snap is not None else None)
-            if rec is not None
-            else Text("no snapshot yet", style="bright_black"),
-        )
-        gpu_line = (
-            gpu_memory_line(rec, nvml_bytes, process.hello.device if process.hello is not None else None)
-            if rec is not None
-            else None
-        )
+        self.query_one(StackedBar).set_segments(view.segments)
+        self.query_one("#anatomy-components", LineTable).set_rows(list(view.components))
+        self._update("#anatomy-reconcile", view.reconcile_note)
         gpu_widget = self.query_one("#anatomy-gpu-memory", TextStatic)
-        gpu_widget.display = gpu_line is not None
-        self._update("#anatomy-gpu-memory", gpu_line if gpu_line is not None else "")
-        self._update("#anatomy-timing", timing_text(snap))
-        groups = op_group_cells(snap)
+        gpu_widget.display = view.gpu_memory is not None
+        self._update("#anatomy-gpu-memory", view.gpu_memory if view.gpu_memory is not None else "")
+        self._update("#anatomy-timing", view.timing)
         opgroups = self.query_one("#anatomy-opgroups", LineTable)
-        opgroups.display = bool(groups)
-        self._update("#anatomy-opgroups-label", op_groups_label(snap))
-        opgroups.set_rows(list(groups.items()))
+        opgroups.display = bool(view.op_groups)
+        self._update("#anatomy-opgroups-label", view.op_groups_label)
+        opgroups.set_rows(list(view.op_groups))
 
-        self._history(process)
-        job = job_of(process, list(group))
-        self.set_class(job is not None, "-ranks")
-        rows: list[tuple[str, tuple[Text, ...]]] = []
-        if job is not None:
-            rows = [(str(r.pid), rank_cells(r, job, process.pid)) for r in job.ranks]
-            rows.append(("total", job_total_cells(job)))
-        self.query_one("#anatomy-ranks", LineTable).set_rows(rows)
-        self._update("#anatomy-ranks-label", ranks_label(job))
-        self._update("#anatomy-suggestions", suggestion_text(snap.suggestions if snap is not None else ()))
+        self._history(view)
+        self.set_class(view.job is not None, "-ranks")
+        self.query_one("#anatomy-ranks", LineTable).set_rows(list(view.ranks))
+        self._update("#anatomy-ranks-label", view.ranks_label)
+        self._update("#anatomy-suggestions", view.suggestions)
 
-    def _history(self, process: TrainingProcess) -> None:
-        memory = [float(v) for v in process.memory_history]
-        steps = [float(v) for v in process.step_time_history]
-        # The step's peak, as in the table's total line (tui.sources.anatomy_source.measured_total).
-        mem_label = Text("Peak ", style="bold")
-        mem_label.append(fmt.fmt_bytes(memory[-1] if memory else None), style="bright_black")
-        step_label = Text("Step time ", style="bold")
-        step_label.append(fmt.fmt_seconds(steps[-1] if steps else None), style="bright_black")
-        self._update("#spark-memory-label", mem_label)
-        self._update("#spark-step-label", step_label)
+    def _history(self, view: AnatomyView) -> None:
+        self._update("#spark-memory-label", view.memory_label)
+        self._update("#spark-step-label", view.step_label)
         # Sparkline redraws only when its data is re-assigned: assign only when it changed.
-        for spark_id, data in (("#spark-memory", memory), ("#spark-step", steps)):
+        for spark_id, data in (("#spark-memory", view.memory_history), ("#spark-step", view.step_history)):
             spark = self.query_one(spark_id, Sparkline)
-            if list(spark.data or []) != data:
-                spark.data = data
+            if list(spark.data or []) != list(data):
+                spark.data = list(data)

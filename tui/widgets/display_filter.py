@@ -4,7 +4,7 @@ own (borders, scrollbars, the input cursor, notifications) alike.
 
 Textual's own NO_COLOR support maps colours to greys, which still sends 24-bit colour escapes and makes
 the memory bar's segments near-identical greys; this filter sends none, and the views draw what colour
-told apart with characters and attributes instead (``tui.widgets.bars``).
+told apart with characters and attributes instead (``tui.view.bars``).
 """
 
 from __future__ import annotations

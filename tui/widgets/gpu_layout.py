@@ -1,4 +1,5 @@
-"""The GPU table's two layouts, as text (no Textual: the start-up frame draws them too).
+"""The GPU table's two layouts, as text (no Textual: the start-up frame draws them too), of each GPU's
+``GpuView`` (tui.view.gpus: its fields already in words).
 
 - ``full``: every field of nvidia-smi's default view on two lines per GPU, the way nvidia-smi itself
   stacks them, fitted to the width it is given (names shortened, meters narrowed, gaps closed, in that
@@ -10,13 +11,14 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 
 from rich.text import Text
 
 from tui import format as fmt
 from tui.sources.model import GpuInfo
-from tui.widgets.bars import meter
+from tui.view.bars import meter
+from tui.view.gpus import GpuFields, GpuView
 
 FULL, COMPACT = "full", "compact"
 METER_WIDTH = 8  # compact mode, where the width allows
@@ -47,56 +49,32 @@ COMPACT_COLUMNS: tuple[tuple[str, str], ...] = (
 COLUMN_KEYS: tuple[str, ...] = tuple(k for k, _ in COMPACT_COLUMNS)
 COMPACT_JUSTIFY = {"gpu": "right", "mem_util": "right", "temp": "right", "power": "right", "fan": "right"}
 
-# nvidia-smi's abbreviations for the compute mode.
-COMPUTE_SHORT = {
-    "Default": "Default",
-    "Exclusive_Process": "E. Process",
-    "Exclusive_Thread": "E. Thread",
-    "Prohibited": "Prohibited",
-}
-
-
 def _na(value: str) -> Text:
     return Text(value, style="bright_black") if value == fmt.NA else Text(value)
 
 
-def short_name(name: str | None) -> str:
-    """``NVIDIA H100 80GB HBM3`` -> ``H100 80GB HBM3``: the vendor is the same on every row."""
-    if not name:
-        return fmt.NA
-    for prefix in ("NVIDIA GeForce ", "NVIDIA "):
-        if name.startswith(prefix) and len(name) > len(prefix):
-            return name[len(prefix) :]
-    return name
-
-
-def _fields(gpu: GpuInfo, meter_width: int) -> dict[str, Text]:
-    """Every field's cell (without the name)."""
-    fraction = None
-    if gpu.memory_used is not None and gpu.memory_total:
-        fraction = gpu.memory_used / gpu.memory_total
-    memory = meter(fraction, meter_width)
+def _fields(index: int, f: GpuFields, meter_width: int) -> dict[str, Text]:
+    """Every field's cell (without the name), its meters ``meter_width`` cells wide."""
+    memory = meter(f.memory_fraction, meter_width)
     memory.append(" ")
-    memory.append(fmt.fmt_bytes_pair(gpu.memory_used, gpu.memory_total))
-    util = meter(None if gpu.gpu_util is None else gpu.gpu_util / 100.0, meter_width)
-    util.append(f" {fmt.fmt_percent(gpu.gpu_util):>4}")
-    perf = fmt.NA if gpu.performance_state is None else f"P{gpu.performance_state}"
-    compute = fmt.NA if gpu.compute_mode is None else COMPUTE_SHORT.get(gpu.compute_mode, gpu.compute_mode)
+    memory.append(f.memory)
+    util = meter(f.util_fraction, meter_width)
+    util.append(f" {f.util:>4}")
     return {
-        "gpu": Text(str(gpu.index)),
+        "gpu": Text(str(index)),
         "memory": memory,
         "util": util,
-        "mem_util": _na(fmt.fmt_percent(gpu.memory_util)),
-        "temp": _na(fmt.fmt_temp(gpu.temperature_c)),
-        "power": Text(fmt.fmt_power(gpu.power_w, gpu.power_limit_w)),
-        "fan": _na(fmt.fmt_percent(gpu.fan_percent)),
-        "perf": _na(perf),
-        "ecc": _na(fmt.NA if gpu.ecc_volatile_uncorrected is None else str(gpu.ecc_volatile_uncorrected)),
-        "persistence": _na(fmt.fmt_bool(gpu.persistence_mode)),
-        "display": _na(fmt.fmt_bool(gpu.display_active)),
-        "bus": _na(gpu.bus_id or fmt.NA),
-        "compute": _na(compute),
-        "mig": _na(fmt.fmt_bool(gpu.mig_mode, yes="Enabled", no="Disabled")),
+        "mem_util": _na(f.mem_util),
+        "temp": _na(f.temp),
+        "power": Text(f.power),
+        "fan": _na(f.fan),
+        "perf": _na(f.perf),
+        "ecc": _na(f.ecc),
+        "persistence": _na(f.persistence),
+        "display": _na(f.display),
+        "bus": _na(f.bus),
+        "compute": _na(f.compute),
+        "mig": _na(f.mig),
     }
 
 
@@ -108,12 +86,13 @@ def _lost(gpu: GpuInfo) -> Text:
     return lost
 
 
-def gpu_cells(gpu: GpuInfo, meter_width: int = METER_WIDTH) -> tuple[Text, ...]:
-    """The compact row: one cell per COMPACT_COLUMNS entry."""
+def gpu_cells(view: GpuView, meter_width: int = METER_WIDTH, at_widest: bool = False) -> tuple[Text, ...]:
+    """The compact row: one cell per COMPACT_COLUMNS entry (``at_widest``: of the GPU's widest values)."""
+    gpu = view.gpu
     if gpu.lost:
         return (Text(str(gpu.index)), _lost(gpu), *(Text("") for _ in COMPACT_COLUMNS[2:]))
-    cells = _fields(gpu, meter_width)
-    cells["name"] = Text(short_name(gpu.name))
+    cells = _fields(gpu.index, view.widest if at_widest else view.fields, meter_width)
+    cells["name"] = Text(view.short_name)
     return tuple(cells[key] for key in COLUMN_KEYS)
 
 
@@ -123,15 +102,15 @@ class CompactLayout:
     columns: int  # how many of COMPACT_COLUMNS, from the left
 
 
-def compact_layout(gpus: Sequence[GpuInfo], width: int) -> CompactLayout:
+def compact_layout(gpus: Sequence[GpuView], width: int) -> CompactLayout:
     """The widest meters with which the core fields (through power) still fit ``width``, then as many
     more fields as fit; where even the core does not fit, the most fields with the narrowest meters
     (at least GPU, name and memory). Sized for each GPU's widest values."""
     room = max(0, width - LINE_LEAD)
-    widest = [_widest(g) for g in gpus if not g.lost]
+    healthy = [g for g in gpus if not g.lost]
     fits: list[CompactLayout] = []
     for meter_width in COMPACT_METERS:
-        rows = [gpu_cells(g, meter_width) for g in widest]
+        rows = [gpu_cells(g, meter_width, at_widest=True) for g in healthy]
         widths = [
             max([Text(label).cell_len, *(r[i].cell_len for r in rows)])
             for i, (_, label) in enumerate(COMPACT_COLUMNS)
@@ -196,23 +175,9 @@ class FullLayout:
         return max(sum(w) + g * (len(w) - 1) for w, g in zip(self.widths, self.gaps, strict=True))
 
 
-def _widest(gpu: GpuInfo) -> GpuInfo:
-    def at_most(value: float | None, cap: float) -> float | None:
-        return None if value is None else max(value, cap)
-
-    return replace(
-        gpu,
-        memory_used=gpu.memory_total if gpu.memory_total is not None else gpu.memory_used,
-        power_w=at_most(gpu.power_w, gpu.power_limit_w or 0.0),
-        gpu_util=None if gpu.gpu_util is None else 100,
-        fan_percent=None if gpu.fan_percent is None else 100,
-        temperature_c=None if gpu.temperature_c is None else max(100, gpu.temperature_c),
-        performance_state=None if gpu.performance_state is None else max(10, gpu.performance_state),
-    )
-
-
-def layout_key(gpus: Sequence[GpuInfo], width: int) -> tuple[object, ...]:
+def layout_key(views: Sequence[GpuView], width: int) -> tuple[object, ...]:
     """What a full layout depends on: it is computed again only when this changes."""
+    gpus = [v.gpu for v in views]
     return (
         width,
         tuple(
@@ -239,20 +204,18 @@ def _natural_widths(line: Sequence[Field], cells: Sequence[dict[str, Text]]) -> 
     return [max([Text(f.label).cell_len, *(c[f.key].cell_len for c in cells if f.key in c)]) for f in line]
 
 
-def full_layout(gpus: Sequence[GpuInfo], width: int) -> FullLayout:
+def full_layout(gpus: Sequence[GpuView], width: int) -> FullLayout:
     """Fit both lines into ``width`` cells (the table's line, without its leading space): full names,
     then nvidia-smi's names without the vendor, then narrower meters, gaps of one, shortened names."""
     room = max(0, width - LINE_LEAD)
     # Sized for each GPU's widest values (memory full, power at its cap, 100%), so columns stay put
     # while the numbers move.
-    healthy = [_widest(g) for g in gpus if not g.lost]
-    names = [g.name or fmt.NA for g in healthy]
+    healthy = [g for g in gpus if not g.lost]
 
     def widths_for(meter_width: int, short: bool) -> tuple[list[int], list[int], int]:
-        cells = [_fields(g, meter_width) for g in healthy]
-        shown = [short_name(n) if short else n for n in names]
-        for c, name in zip(cells, shown, strict=True):
-            c["name"] = Text(name)
+        cells = [_fields(g.index, g.widest, meter_width) for g in healthy]
+        for c, g in zip(cells, healthy, strict=True):
+            c["name"] = Text(g.short_name if short else g.name)
         first, second = _natural_widths(FULL_LINES[0], cells), _natural_widths(FULL_LINES[1], cells)
         return first, second, first[1]
 
@@ -303,16 +266,17 @@ def full_header(layout: FullLayout) -> str:
     return "\n".join(lines)
 
 
-def full_lines(gpu: GpuInfo, layout: FullLayout) -> tuple[Text, Text]:
+def full_lines(view: GpuView, layout: FullLayout) -> tuple[Text, Text]:
     """One GPU's two lines."""
+    gpu = view.gpu
     if gpu.lost:
         first = Text(no_wrap=True, end="")
         first.append(f"{gpu.index:>{layout.widths[0][0]}}")
         first.append(" " * layout.gaps[0])
         first.append_text(_lost(gpu))
         return first, Text("")
-    cells = _fields(gpu, layout.meter_width)
-    cells["name"] = Text(short_name(gpu.name) if layout.short_names else gpu.name or fmt.NA)
+    cells = _fields(gpu.index, view.fields, layout.meter_width)
+    cells["name"] = Text(view.short_name if layout.short_names else view.name)
     return tuple(  # type: ignore[return-value]
         _join(line, widths, gap, cells)
         for line, widths, gap in zip(FULL_LINES, layout.widths, layout.gaps, strict=True)

@@ -7,7 +7,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from tui.sources.model import GpuInfo
+from tui.view.gpus import GpuView
 from tui.widgets.gpu_layout import (
     COLUMN_KEYS,
     COMPACT,
@@ -38,7 +38,7 @@ class GpuTable(LineTable):
     def __init__(self, mode: str = COMPACT, **kwargs: Any) -> None:
         super().__init__(_COMPACT, **kwargs)
         self.mode = COMPACT
-        self._gpus: tuple[GpuInfo, ...] = ()
+        self._gpus: tuple[GpuView, ...] = ()
         self._layout: tuple[tuple[object, ...], FullLayout | CompactLayout] | None = None
         self.set_mode(mode)
 
@@ -55,7 +55,8 @@ class GpuTable(LineTable):
         self._layout = None
         self.show(self._gpus)
 
-    def show(self, gpus: Sequence[GpuInfo]) -> None:
+    def show(self, gpus: Sequence[GpuView]) -> None:
+        """Draw ``gpus`` (tui.view.gpus: their fields already in words) in the current layout."""
         self._gpus = tuple(sorted(gpus, key=lambda g: g.index))
         self.display = bool(self._gpus)  # no GPU (no driver): no empty header either
         if not self.is_mounted:

@@ -12,6 +12,7 @@ from textual.strip import Strip
 from textual.widget import Widget
 
 from tui.sources.model import MachineSnapshot
+from tui.view.header import HeaderView
 from tui.widgets.header_text import COMPACT_BELOW, banner_text, header_text
 from tui.widgets.line_table import same_text
 from tui.widgets.text_static import TextStatic
@@ -82,12 +83,12 @@ class MachineHeader(TextLines):
     MachineHeader { height: auto; padding: 0 1; }
     """
 
-    _args: tuple[MachineSnapshot | None, float, bool] = (None, 1.0, False)
+    _args: tuple[HeaderView | None, float, bool] = (None, 1.0, False)
 
-    def show(self, machine: MachineSnapshot | None, interval: float, paused: bool) -> None:
-        self._args = (machine, interval, paused)
+    def show(self, header: HeaderView | None, interval: float, paused: bool) -> None:
+        self._args = (header, interval, paused)
         width = self.size.width or self.app.size.width
-        self.show_text(header_text(machine, interval, paused, compact=width < COMPACT_BELOW))
+        self.show_text(header_text(header, interval, paused, compact=width < COMPACT_BELOW))
 
     def on_resize(self) -> None:
         super().on_resize()

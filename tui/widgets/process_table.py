@@ -2,42 +2,20 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from rich.text import Text
 from textual import events
 
+from tui.view.process_cells import COLUMNS, GAP, JUSTIFY, columns_for, elide_middle, picked, picker
+from tui.view.process_rows import SORT_COLUMNS, SORT_KEYS, ProcessRow, filter_rows, sort_rows
 from tui.widgets.line_table import LineTable
-from tui.widgets.process_cells import (
-    ANATOMY_GLYPH,
-    COLUMN_KEYS,
-    COLUMNS,
-    GAP,
-    JUSTIFY,
-    cells_of,
-    columns_for,
-    elide_middle,
-    glyph_for,
-    picker,
-    process_cells,
-    shown_values,
-)
-from tui.widgets.process_rows import SORT_COLUMNS, SORT_KEYS, ProcessRow, filter_rows, sort_rows
-
-__all__ = [
-    "ANATOMY_GLYPH",
-    "COLUMNS",
-    "COLUMN_KEYS",
-    "ProcessTable",
-    "elide_middle",
-    "glyph_for",
-    "process_cells",
-]
 
 
 class ProcessTable(LineTable):
-    """Call ``show(rows)`` with every row; the table applies its own filter and sort order."""
+    """Call ``show(rows, cells)`` with every row and its cells; the table applies its own filter and
+    sort order."""
 
     DEFAULT_CSS = """
     ProcessTable { height: 1fr; }
@@ -60,15 +38,16 @@ class ProcessTable(LineTable):
         self.sort_reverse: bool = False
         self.filter_text: str = ""
         self.user_moved = False  # the cursor was moved by a key or a click (not only by the app)
-        # Per row key: the shown values and their cells, reused while the values are equal (most rows,
-        # most refreshes), so set_rows sees the very same cell tuple and skips the row.
-        self._cells_cache: dict[str, tuple[tuple[object, ...], tuple[Text, ...]]] = {}
+        self._row_cells: Mapping[str, tuple[Text, ...]] = {}  # row key -> every column's cell (show's)
         self._narrow_cache: dict[str, tuple[tuple[Text, ...], tuple[int, ...], tuple[Text, ...]]] = {}
 
     # -- state changes ------------------------------------------------------------------------
 
-    def show(self, rows: Sequence[ProcessRow]) -> None:
+    def show(self, rows: Sequence[ProcessRow], cells: Mapping[str, tuple[Text, ...]]) -> None:
+        """Show ``rows``; ``cells``: each row key's cells, every column (``PollView.cells``, computed
+        off the UI thread)."""
         self._all = list(rows)
+        self._row_cells = cells
         self._render_rows()
 
     def cycle_sort(self) -> str:
@@ -108,23 +87,15 @@ class ProcessTable(LineTable):
     def total_count(self) -> int:
         return len(self._all)
 
-    def _narrow_cells_for(self, row: ProcessRow, pick: tuple[int, ...]) -> tuple[Text, ...]:
-        # Cached like the full cells, so an unchanged row is still the very same tuple.
-        full = self._cells_for(row)
-        cached = self._narrow_cache.get(row.key)
-        if cached is not None and cached[0] is full and cached[1] == pick:
-            return cached[2]
-        cells = tuple(full[i] for i in pick)
-        self._narrow_cache[row.key] = (full, pick, cells)
-        return cells
-
-    def _cells_for(self, row: ProcessRow) -> tuple[Text, ...]:
-        values = shown_values(row, samples=len(self._pick) == len(COLUMNS))
-        cached = self._cells_cache.get(row.key)
-        if cached is not None and cached[0] == values:
-            return cached[1]
-        cells = cells_of(values)
-        self._cells_cache[row.key] = (values, cells)
+    def _narrow_cells_for(self, key: str, pick: tuple[int, ...]) -> tuple[Text, ...]:
+        # Cached like the full cells, so a row whose shown columns did not change (its hidden samples
+        # may have) is still the very same tuple.
+        full = self._row_cells[key]
+        cached = self._narrow_cache.get(key)
+        cells = picked(full, pick)
+        if cached is not None and cached[1] == pick and (cached[0] is full or cached[2] == cells):
+            cells = cached[2]
+        self._narrow_cache[key] = (full, pick, cells)
         return cells
 
     @staticmethod
@@ -145,12 +116,11 @@ class ProcessTable(LineTable):
         self.rows_by_key = {r.key: r for r in shown}
         pick = self._pick
         if len(pick) == len(COLUMNS):
-            self.set_rows([(r.key, self._cells_for(r)) for r in shown])
+            self.set_rows([(r.key, self._row_cells[r.key]) for r in shown])
         else:
-            self.set_rows([(r.key, self._narrow_cells_for(r, pick)) for r in shown])
-        if len(self._cells_cache) > 2 * len(self._all) + 16:
+            self.set_rows([(r.key, self._narrow_cells_for(r.key, pick)) for r in shown])
+        if len(self._narrow_cache) > 2 * len(self._all) + 16:
             keys = {r.key for r in self._all}
-            self._cells_cache = {k: v for k, v in self._cells_cache.items() if k in keys}
             self._narrow_cache = {k: v for k, v in self._narrow_cache.items() if k in keys}
 
     # -- the user's own moves ------------------------------------------------------------------

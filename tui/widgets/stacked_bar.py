@@ -9,7 +9,7 @@ from textual.reactive import reactive
 from textual.widget import Widget
 
 from anatomy.vocabulary import Component
-from tui.widgets.bars import component_mark, split_cells
+from tui.view.bars import component_mark, split_cells
 
 Segment = tuple[Component, int]
 

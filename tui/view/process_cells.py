@@ -1,11 +1,12 @@
-"""The process table's cells (pure functions, rich.text only: the start-up frame draws them too)."""
+"""The process table's cells (pure functions, rich.text only): the poll worker makes them for the
+monitor (``tui.view.poll``), the start-up frame for its one frame."""
 
 from __future__ import annotations
 
 from rich.text import Text
 
 from tui import format as fmt
-from tui.widgets.process_rows import LAUNCHERS, ProcessRow, readable_command
+from tui.view.process_rows import LAUNCHERS, ProcessRow, readable_command
 
 COLUMNS: tuple[tuple[str, str], ...] = (
     ("glyph", " "),
@@ -38,6 +39,11 @@ def columns_for(width: int) -> tuple[tuple[str, str], ...]:
 def picker(columns: tuple[tuple[str, str], ...]) -> tuple[int, ...]:
     """Indices into a full row of cells (COLUMNS order) of ``columns``."""
     return tuple(COLUMN_KEYS.index(key) for key, _ in columns)
+
+
+def picked(cells: tuple[Text, ...], pick: tuple[int, ...]) -> tuple[Text, ...]:
+    """The cells of a full row (COLUMNS order) at the indices ``pick`` (``picker``'s)."""
+    return tuple(cells[i] for i in pick)
 
 
 JUSTIFY = {

@@ -1,4 +1,4 @@
-"""Text blocks of the anatomy pane (title, alert, op groups, timing, suggestions), built from the
+"""Text blocks of the anatomy pane (title, alert, op groups, timing, ranks, suggestions), built from the
 protocol's objects. Pure functions: every untrusted string (model class, OOM text, advisor text) is
 wrapped in ``Text`` and never parsed as markup."""
 
@@ -14,7 +14,7 @@ from tui import format as fmt
 from tui.sources.anatomy_source import TrainingProcess
 from tui.sources.jobs import Job, RankRow
 from tui.sources.reconcile import SUM_OF_ROWS, TOTAL_NVML, TOTAL_PEAK, TOTAL_RESERVED, Reconciled, total_line
-from tui.widgets.bars import meter
+from tui.view.bars import meter
 
 # The components a job's rank table shows per rank (the pane's component table has them all).
 JOB_COMPONENTS = tuple(
@@ -63,8 +63,13 @@ def title_text(process: TrainingProcess, stale_s: float | None = None) -> Text:
     if snap is not None:
         text.append(f" · step {snap.step}", style="bright_black")
     if stale_s is not None:
-        text.append(f"\nno new snapshot for {fmt.fmt_duration(stale_s)}", style="bold yellow")
+        text.append_text(stale_text(stale_s))
     return text
+
+
+def stale_text(stale_s: float) -> Text:
+    """The title's last line when a live process has sent nothing new for ``stale_s`` seconds."""
+    return Text(f"\nno new snapshot for {fmt.fmt_duration(stale_s)}", style="bold yellow")
 
 
 def alert_text(process: TrainingProcess) -> Text | None:

@@ -77,7 +77,7 @@ def build_rows(
 ) -> list[ProcessRow]:
     """One row per (GPU, PID) from NVML, then one per publishing PID that NVML does not list.
     ``host_figures`` supplies user/command/CPU/RSS for those extra PIDs where the caller looked them up."""
-    by_pid = {t.pid: t for t in training if t.pid > 0}
+    by_pid = {t.pid: t for t in training}
     rows: list[ProcessRow] = []
     seen: set[int] = set()
     for p in machine.processes if machine is not None else ():
