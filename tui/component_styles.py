@@ -1,4 +1,4 @@
-"""The colour of each memory component: one palette for the live monitor's bars (``tui.widgets.bars``)
+"""The colour of each memory component: one palette for the live monitor's bars (``tui.view.bars``)
 and the run report's charts (``tui.runreport``), which imports nothing of the Textual app.
 
 Colours are named ANSI colours so they survive 256-colour terminals and tmux; no gradients.
