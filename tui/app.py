@@ -31,6 +31,7 @@ from textual.driver import Driver
 from textual.timer import Timer
 from textual.widgets import Input
 
+from anatomy.vocabulary import PublisherState
 from tui.exit_signals import ExitSignals
 from tui.host_figures import HostFigures
 from tui.intervals import DEFAULT_INTERVAL, clamp_interval
@@ -384,7 +385,7 @@ class AnatomyTopApp(MonitorKeys):
 
     def _stale_seconds(self, process: TrainingProcess | None) -> float | None:
         """How long a live publisher has sent nothing new, once that is clearly more than its pace."""
-        if process is None or process.state != "live" or process.updated_at is None:
+        if process is None or process.state is not PublisherState.LIVE or process.updated_at is None:
             return None
         quiet = self._monotonic() - process.updated_at
         return quiet if quiet >= max(STALE_AFTER_S, 3 * self.interval) else None

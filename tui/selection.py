@@ -26,7 +26,7 @@ FOLLOW_UP_S = 1.0
 
 
 class RowLike(Protocol):
-    """What the selection needs of a process table row (``tui.widgets.process_rows.ProcessRow``)."""
+    """What the selection needs of a process table row (``tui.view.process_rows.ProcessRow``)."""
 
     @property
     def pid(self) -> int: ...

@@ -17,6 +17,7 @@ from screen_reader import screen_text
 from textual.app import App
 from textual.screen import Screen
 
+from anatomy.vocabulary import TreeRole
 from tui import format as fmt
 from tui.screens.environ import EnvironScreen
 from tui.screens.signal_dialog import SignalDialog
@@ -144,7 +145,7 @@ async def test_an_unreadable_environment_says_why() -> None:
 
 
 def row(pid: int, depth: int, last: tuple[bool, ...]) -> TreeRow:
-    return TreeRow(pid=pid, ppid=0, depth=depth, last=last, role="gpu")
+    return TreeRow(pid=pid, ppid=0, depth=depth, last=last, role=TreeRole.GPU)
 
 
 def test_tree_prefixes() -> None:

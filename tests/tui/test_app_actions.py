@@ -27,9 +27,9 @@ from tui.simnvml import Curve, Faults, Scenario, SimProcess, install, uninstall
 from tui.sources.filters import ProcessFilter
 from tui.sources.machine import MachineSource
 from tui.sources.nvml import NvmlSource
+from tui.view.process_rows import ProcessRow
 from tui.widgets.gpu_history import GpuHistory
 from tui.widgets.process_metrics import ProcessMetricsScreen
-from tui.widgets.process_rows import ProcessRow
 from tui.widgets.process_table import ProcessTable
 
 GiB = 1 << 30
