@@ -20,6 +20,7 @@ from textual.screen import Screen
 from anatomy.vocabulary import TreeRole
 from tui import format as fmt
 from tui.screens.environ import EnvironScreen
+from tui.screens.process_metrics import ProcessMetricsScreen, ProcessRef, chart_lines
 from tui.screens.signal_dialog import SignalDialog
 from tui.screens.tree import TreeScreen, TreeTable, tree_prefix
 from tui.sources.environ import Environment
@@ -28,14 +29,16 @@ from tui.sources.model import GpuInfo, GpuProcess, HostInfo, MachineSnapshot, Nv
 from tui.sources.signals import identify
 from tui.sources.tree import TreeRow
 from tui.widgets.gpu_history import history_lines
-from tui.widgets.process_metrics import ProcessMetricsScreen, ProcessRef, chart_lines
 from tui.widgets.sparkline import sparkline
+from tui.widgets.stylesheet import WIDGETS_TCSS
 
 GiB = 1 << 30
 
 
 class Host(App[None]):
     """An empty app to push one screen on; ``results`` collects what the screen answered."""
+
+    CSS_PATH = WIDGETS_TCSS  # the screens show the monitor's widgets
 
     def __init__(self, screen: Screen[Any]) -> None:
         super().__init__()

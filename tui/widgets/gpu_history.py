@@ -41,10 +41,6 @@ def history_lines(gpus: Sequence[GpuInfo], history: MachineHistory, width: int) 
 
 
 class GpuHistory(TextStatic):
-    DEFAULT_CSS = """
-    GpuHistory { height: auto; padding: 0 1; }
-    """
-
     def __init__(self, **kwargs: object) -> None:
         super().__init__("", **kwargs)
         self._gpus: Sequence[GpuInfo] = ()

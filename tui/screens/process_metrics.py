@@ -160,9 +160,7 @@ class ProcessMetricsScreen(Screen[None]):
     BINDINGS: ClassVar[list[BindingType]] = [
         Binding("escape,enter,q", "close", "Back"),
     ]
-    DEFAULT_CSS = """
-    ProcessMetricsScreen > VerticalScroll { padding: 0 1; }
-    """
+    CSS_PATH = "screens.tcss"
 
     def __init__(self, ref: ProcessRef, state: StateSource) -> None:
         super().__init__()
