@@ -28,8 +28,8 @@ from tui.sources.history import MachineHistory
 from tui.sources.model import GpuInfo, GpuProcess, HostInfo, MachineSnapshot, NvmlStatus
 from tui.sources.signals import identify
 from tui.sources.tree import TreeRow
-from tui.widgets.gpu_history import history_lines
-from tui.widgets.sparkline import sparkline
+from tui.view.gpu_history import history_lines
+from tui.view.sparkline import sparkline
 from tui.widgets.stylesheet import WIDGETS_TCSS
 
 GiB = 1 << 30

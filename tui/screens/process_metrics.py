@@ -19,7 +19,7 @@ from tui import format as fmt
 from tui.sanitize import clean
 from tui.sources.history import MachineHistory, Series
 from tui.sources.model import GpuProcess, MachineSnapshot
-from tui.widgets.sparkline import BLOCKS, level_style
+from tui.view.sparkline import BLOCKS, level_style
 from tui.widgets.text_static import TextStatic
 
 
