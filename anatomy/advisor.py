@@ -51,7 +51,7 @@ _RANK = {
 
 
 def _mem(snapshot: Snapshot, component: Component) -> int | None:
-    value = snapshot.memory.get(component.value)
+    value = snapshot.memory.get(component)
     return value if isinstance(value, int) else None
 
 
@@ -107,11 +107,13 @@ def _pressure(hello: Hello, snapshot: Snapshot) -> tuple[bool, str]:
 def _where(snapshot: Snapshot) -> str:
     phase = snapshot.peak_phase
     peak = _peak(snapshot)
-    at = {
-        Phase.FORWARD.value: "at the end of forward",
-        Phase.BACKWARD.value: "during backward",
-        Phase.OPTIMIZER.value: "in the optimizer step",
-    }.get(phase or "", "")
+    # Keyed by str: in process the tracker passes the phase's value, decode its member (which is its value).
+    where: dict[str, str] = {
+        Phase.FORWARD: "at the end of forward",
+        Phase.BACKWARD: "during backward",
+        Phase.OPTIMIZER: "in the optimizer step",
+    }
+    at = where.get(phase or "", "")
     return f"peak {fmt_bytes(peak)} {at}".rstrip() if peak else "peak unknown"
 
 
@@ -132,8 +134,8 @@ def _memory_rules(hello: Hello, snapshot: Snapshot, savings: Mapping[str, int], 
     dominant, _ = _dominant(snapshot)
     where = _where(snapshot)
     share = (lambda v: f"{v / peak:.0%} of the peak") if peak else (lambda v: fmt_bytes(v))
-    optimizer_peak = snapshot.peak_phase == Phase.OPTIMIZER.value or dominant is Component.OPTIMIZER_STATES
-    activation_peak = snapshot.peak_phase in (Phase.FORWARD.value, Phase.BACKWARD.value) or (
+    optimizer_peak = snapshot.peak_phase == Phase.OPTIMIZER or dominant is Component.OPTIMIZER_STATES
+    activation_peak = snapshot.peak_phase in (Phase.FORWARD, Phase.BACKWARD) or (
         dominant is Component.ACTIVATIONS
     )
     if activation_peak and acts > 0:

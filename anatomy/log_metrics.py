@@ -42,7 +42,7 @@ def snapshot_metrics(snap: Snapshot) -> dict[str, float]:
     them; TensorBoard stores every scalar as a float32)."""
     out: dict[str, float] = {}
     for component in Component:  # the vocabulary, so that a new component is logged with no change here
-        value = snap.memory.get(component.value)
+        value = snap.memory.get(component)
         if value is not None:
             out[memory_name(component)] = value
     if snap.peak_bytes is not None:

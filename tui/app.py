@@ -20,7 +20,8 @@ import sys
 import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
-from typing import Any
+from pathlib import PurePath
+from typing import Any, ClassVar
 
 from textual import events, on
 from textual.app import ComposeResult
@@ -31,6 +32,7 @@ from textual.driver import Driver
 from textual.timer import Timer
 from textual.widgets import Input
 
+from anatomy.vocabulary import PublisherState
 from tui.exit_signals import ExitSignals
 from tui.host_figures import HostFigures
 from tui.intervals import DEFAULT_INTERVAL, clamp_interval
@@ -56,6 +58,7 @@ from tui.widgets.layout import WIDE_FROM
 from tui.widgets.line_table import LineTable
 from tui.widgets.process_table import ProcessTable
 from tui.widgets.status_lines import PANE_NVSMI, pane_tabs_text, proc_bar_text, status_text
+from tui.widgets.stylesheet import WIDGETS_TCSS
 from tui.widgets.text_static import TextStatic
 
 __all__ = ["AnatomyTopApp", "run_app"]
@@ -66,7 +69,8 @@ STALE_AFTER_S = 10.0  # a live publisher silent this long (or 3 refreshes) is fl
 
 class AnatomyTopApp(MonitorKeys):
     TITLE = "anatomy-top"
-    CSS_PATH = "app.tcss"
+    # The widgets' stylesheet first: app.tcss, read after it, wins a tie as it did over their DEFAULT_CSS.
+    CSS_PATH: ClassVar[list[str | PurePath]] = [WIDGETS_TCSS, "app.tcss"]
     HORIZONTAL_BREAKPOINTS = [(0, NARROW), (WIDE_FROM, WIDE)]  # noqa: RUF012 (Textual declares the type)
     ENABLE_COMMAND_PALETTE = False
 
@@ -384,7 +388,7 @@ class AnatomyTopApp(MonitorKeys):
 
     def _stale_seconds(self, process: TrainingProcess | None) -> float | None:
         """How long a live publisher has sent nothing new, once that is clearly more than its pace."""
-        if process is None or process.state != "live" or process.updated_at is None:
+        if process is None or process.state is not PublisherState.LIVE or process.updated_at is None:
             return None
         quiet = self._monotonic() - process.updated_at
         return quiet if quiet >= max(STALE_AFTER_S, 3 * self.interval) else None

@@ -24,6 +24,7 @@ from textual.reactive import var
 from textual.timer import Timer
 from textual.widgets import Input
 
+from anatomy.vocabulary import PublisherState
 from tui.intervals import MAX_INTERVAL, MIN_INTERVAL, next_interval
 from tui.screens.process_requests import EnvironmentRequested, SignalRequested
 from tui.selection import Selection
@@ -261,7 +262,7 @@ class MonitorKeys(App[int]):
         pane = self.query_one(AnatomyPane)
         process = pane.process
         dismiss = getattr(self.anatomy_source, "dismiss", None)
-        if process is None or process.state != "oom" or dismiss is None:
+        if process is None or process.state is not PublisherState.OOM or dismiss is None:
             self.notify("nothing to dismiss: select a process marked OOM", timeout=3)
             return
         try:

@@ -155,7 +155,7 @@ class Selection:
         app.push_screen(TreeScreen(processes, app.interval, select_pid=None if proc is None else proc.pid))
 
     def show_metrics(self) -> None:
-        from tui.widgets.process_metrics import ProcessMetricsScreen, ProcessRef
+        from tui.screens.process_metrics import ProcessMetricsScreen, ProcessRef
 
         app = self.app
         proc = self.process

@@ -80,13 +80,18 @@ def check_workload(work: object, device: object = None) -> list[Verdict]:
     out: list[Verdict] = []
     checks: list[tuple[str, Callable[[], Verdict | list[Verdict]]]] = [
         (CHECKS[0], lambda: losses(name, plain.losses, hooked.losses)),
-        (CHECKS[1], lambda: component(name, "weights", mem.get("weights"), hooked.weights)),
-        (CHECKS[2], lambda: component(name, "gradients", mem.get("gradients"), hooked.gradients)),
+        (CHECKS[1], lambda: component(name, "weights", mem.get(Component.WEIGHTS), hooked.weights)),
+        (CHECKS[2], lambda: component(name, "gradients", mem.get(Component.GRADIENTS), hooked.gradients)),
         (
             CHECKS[3],
-            lambda: component(name, "optimizer states", mem.get("optimizer_states"), hooked.optimizer_states),
+            lambda: component(
+                name, "optimizer states", mem.get(Component.OPTIMIZER_STATES), hooked.optimizer_states
+            ),
         ),
-        (CHECKS[4], lambda: component(name, "activations", mem.get("activations"), hooked.activations, 0.05)),
+        (
+            CHECKS[4],
+            lambda: component(name, "activations", mem.get(Component.ACTIVATIONS), hooked.activations, 0.05),
+        ),
         (CHECKS[5], lambda: peak_matches_user(name, hooked.hook_peaks[-1], hooked.user_peaks[-1])),
         (CHECKS[6], lambda: peak_untouched(name, plain.user_peaks, hooked.user_peaks, hooked.hook_resets)),
         (

@@ -119,9 +119,9 @@ def settings_like(measured: Measured, base: PlanSettings) -> tuple[Any, PlanSett
     world = hello.world_size or 1
     fsdp: tuple[int, ...] = ()
     ddp: tuple[int, ...] = ()
-    if world > 1 and snap.memory.get(Component.UNSHARDED_PARAMETERS.value) is not None:
+    if world > 1 and snap.memory.get(Component.UNSHARDED_PARAMETERS) is not None:
         fsdp = (world,)
-    elif world > 1 and snap.memory.get(Component.COMMUNICATION_BUFFERS.value) is not None:
+    elif world > 1 and snap.memory.get(Component.COMMUNICATION_BUFFERS) is not None:
         ddp = (world,)
     settings = replace(
         base,
@@ -167,13 +167,13 @@ def compare(pid: int, base: PlanSettings, directory: Path | None = None) -> Comp
         kind = f"{'FSDP2' if settings.fsdp else 'DDP'} rank {hello.rank} of {hello.world_size}"
     rows: list[tuple[str, int | None, int | None]] = []
     for comp in COMPARED:
-        planned, got = components.get(comp), snap.memory.get(comp.value)
+        planned, got = components.get(comp), snap.memory.get(comp)
         if planned is None and got is None:
             continue
         rows.append((comp.label, planned, got))
     measured_peak = None
     if snap.peak_bytes is not None and snap.at_peak is not None:
-        measured_peak = snap.peak_bytes - sum(snap.at_peak.get(c.value) or 0 for c in OUTSIDE_TENSORS)
+        measured_peak = snap.peak_bytes - sum(snap.at_peak.get(c) or 0 for c in OUTSIDE_TENSORS)
     rows.append(("Peak (tensors)", peak, measured_peak))
     w = result.workload
     label = (

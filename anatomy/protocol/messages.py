@@ -96,8 +96,8 @@ class Snapshot:
     time: float
     step: int
     # Component -> bytes; None means unmeasured on this platform (never 0 for unknown). Decode keys the
-    # maps by members (Component, OpGroup); their annotations name ``str`` (a member is one) until every
-    # reader looks members up rather than their values (the integrator's list in the wire's report).
+    # maps by members (Component, OpGroup) and every reader looks members up; the annotations name ``str``
+    # (a member is one) until the hook, which still builds them keyed by the values, keys them by members.
     memory: dict[str, int | None]
     # Component -> bytes/param the guide expects for this set-up (None: no guide figure).
     expected_bytes_per_param: dict[str, float | None]

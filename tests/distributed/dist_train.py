@@ -91,7 +91,7 @@ class SavedOracle:
 
     def pack(self, t: torch.Tensor) -> torch.Tensor:
         storage = t.untyped_storage()
-        base = t._base if t._base is not None else t
+        base = t._base if t._base is not None else t  # a view's base tensor: torch names it nowhere public
         if isinstance(base, nn.Parameter):
             self.gathered[storage.data_ptr()] = storage.nbytes()
         elif storage.data_ptr() not in self.skip:
@@ -112,6 +112,7 @@ def unsharded_now(model: nn.Module) -> int:
     for module in model.modules():
         if not isinstance(module, FSDPModule):
             continue
+        # FSDP2 keeps its gathered parameters in private state: torch has no public way to ask for them.
         group = module._get_fsdp_state()._fsdp_param_group
         for fsdp_param in group.fsdp_params if group is not None else []:
             unsharded = getattr(fsdp_param, "_unsharded_param", None)
@@ -132,7 +133,8 @@ def truth(model: nn.Module, optimizer: torch.optim.Optimizer, ddp: Any) -> dict[
         "full_parameter_count": sum(p.numel() for p in params),
     }
     if ddp is not None:
-        # DDP's reducer: one flat bucket per group of parameters, the size of their gradients.
+        # DDP's reducer: one flat bucket per group of parameters, the size of their gradients (its logging
+        # data, private, is the one place torch gives the bucket sizes).
         sizes = ddp._get_ddp_logging_data()["bucket_sizes"]
         out["ddp_buckets"] = sum(int(x) for x in str(sizes).replace(",", " ").split())
         out["ddp_bucket_view"] = int(bool(ddp.gradient_as_bucket_view))

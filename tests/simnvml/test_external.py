@@ -163,8 +163,7 @@ def test_runner_falls_back_to_entry_points_without_a_wrapper_script(tmp_path):
     Scenario.build(1).to_json(path)
     code = (
         "import sys, tui.simnvml.run as r\n"
-        "r._script_file = lambda name: None\n"
-        f"sys.exit(r.main(['--scenario', {str(path)!r}, '--', 'nvitop', '--version']))\n"
+        f"sys.exit(r.main(['--scenario', {str(path)!r}, '--', 'nvitop', '--version'], lambda name: None))\n"
     )
     result = run([sys.executable, "-c", code])
     assert result.returncode == 0, result.stderr

@@ -9,6 +9,10 @@ import pytest
 
 from tui.simnvml import OLD_DRIVER_MISSING, Curve, Faults, Scenario, SimGpu, install, installed, uninstall
 
+# pynvml's private ``_nvmlGetFunctionPointer`` (and its symbol cache) is how a client reaches an NVML
+# symbol pynvml wraps differently or not at all, as nvitop does: pynvml has no public way to call a raw
+# symbol, and the simulator must answer it as the driver would.
+
 
 def test_wrong_struct_version_is_an_argument_version_mismatch(simulate):
     simulate(Scenario.build(1))

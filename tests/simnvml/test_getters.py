@@ -11,6 +11,11 @@ import pytest
 from tui.simnvml import Curve, Scenario, SimGpu, SimProcess, exported_symbols
 from tui.simnvml.scenario import MiB
 
+# pynvml's private ``_nvmlGetFunctionPointer`` is how a client reaches an NVML symbol pynvml wraps
+# differently or not at all, as nvitop does: pynvml has no public way to call a raw symbol, and the
+# simulator must answer it as the driver would. Its error strings (``NVMLError._errcode_to_string``) and
+# ``_nvmlEnableState_t`` have no public name either.
+
 A100 = SimGpu(
     name="NVIDIA A100-SXM4-40GB",
     uuid="GPU-aaaaaaaa-1111-2222-3333-444444444444",

@@ -12,6 +12,10 @@ import pytest
 from tui.simnvml import Curve, Faults, Scenario, SimGpu, SimMigDevice, SimProcess
 from tui.simnvml.scenario import MiB
 
+# pynvml's private ``_nvmlGetFunctionPointer`` (and its symbol cache) is how a client reaches an NVML
+# symbol pynvml wraps differently or not at all, as nvitop does: pynvml has no public way to call a raw
+# symbol, and the simulator must answer it as the driver would.
+
 PERIOD = 0.5
 BUFFER = 4
 

@@ -13,6 +13,10 @@ from tui.simnvml import Curve, Scenario, SimGpu, SimMigDevice, SimProcess
 from tui.simnvml.processes import exited_pid, sleepers, spawn_sleepers, stop_sleepers
 from tui.simnvml.scenario import GiB, MiB
 
+# pynvml's private ``_nvmlGetFunctionPointer`` (and its symbol cache) is how a client reaches an NVML
+# symbol pynvml wraps differently or not at all, as nvitop does: pynvml has no public way to call a raw
+# symbol, and the simulator must answer it as the driver would.
+
 
 def test_64_processes_come_back_through_the_two_call_protocol(simulate):
     box = Scenario.build(1, 64, process_memory=GiB)

@@ -9,15 +9,15 @@ from pathlib import Path
 import pytest
 
 from tui.simnvml import Scenario
-from tui.simnvml.run import _parse
+from tui.simnvml.run import parse_args
 
 ROOT = Path(__file__).resolve().parents[2]
 
 
 def test_parse_forms() -> None:
-    args, target = _parse(["--scenario", "a.json", "--calls-out=c.json", "--", "nvitop", "--once"])
+    args, target = parse_args(["--scenario", "a.json", "--calls-out=c.json", "--", "nvitop", "--once"])
     assert (args.scenario, args.calls_out, target) == ("a.json", "c.json", ["nvitop", "--once"])
-    args, target = _parse(["--scenario=b.json", "--", "-m", "pynvml", "--", "x"])
+    args, target = parse_args(["--scenario=b.json", "--", "-m", "pynvml", "--", "x"])
     assert (args.scenario, args.calls_out, target) == ("b.json", None, ["-m", "pynvml", "--", "x"])
 
 
@@ -34,7 +34,7 @@ def test_bad_arguments_exit_2_with_usage(
     argv: list[str], message: str, capsys: pytest.CaptureFixture[str]
 ) -> None:
     with pytest.raises(SystemExit) as exc:
-        _parse(argv)
+        parse_args(argv)
     assert exc.value.code == 2
     err = capsys.readouterr().err
     assert err.startswith("usage: python -m tui.simnvml.run") and message in err
@@ -42,7 +42,7 @@ def test_bad_arguments_exit_2_with_usage(
 
 def test_help_exits_0(capsys: pytest.CaptureFixture[str]) -> None:
     with pytest.raises(SystemExit) as exc:
-        _parse(["--help"])
+        parse_args(["--help"])
     assert exc.value.code == 0 and "--calls-out" in capsys.readouterr().out
 
 

@@ -325,7 +325,7 @@ def test_help_lists_every_option_and_a_plan_example(
         cli.main(["--help"])
     assert exc.value.code == 0
     out = capsys.readouterr().out
-    for action in cli.build_parser()._actions:
+    for action in cli.build_parser()._actions:  # argparse lists a parser's options nowhere public
         for option in action.option_strings:
             assert option in out
         assert action.help and " ".join(action.help.split()[:3]) in " ".join(out.split())

@@ -11,6 +11,7 @@ import pytest
 
 from tui.report.smi_text import render_text
 from tui.simnvml import OLD_DRIVER_MISSING, Faults, Scenario
+from tui.sources import nvml
 from tui.sources.machine import MachineSource
 from tui.sources.model import GpuInfo
 from tui.sources.nvml import CLOSED_REASON, LIBRARY_MISSING_REASON, NvmlSource
@@ -217,7 +218,7 @@ def test_a_bug_inside_a_pass_is_a_value_not_a_crash(
         def broken(*args: Any) -> Any:
             raise RuntimeError("boom")
 
-        monkeypatch.setattr(NvmlSource, "_read_device", broken)
+        monkeypatch.setattr(nvml, "read_fast", broken)  # a bug in the per-GPU field reading
         snap = machine.snapshot()
         assert snap.nvml.available is False and snap.nvml.reason == "NVML query failed: RuntimeError('boom')"
         assert snap.host.cpu_count  # the host side still stands

@@ -12,6 +12,7 @@ from anatomy.vocabulary import (
     OpGroup,
     OptimizerKind,
     Precision,
+    PublisherState,
     Source,
     expected_bytes_per_param,
 )
@@ -286,7 +287,7 @@ def training_process(
     pid: int,
     hello_: Hello,
     snap: Snapshot | None,
-    state: str = "live",
+    state: PublisherState = PublisherState.LIVE,
     oom: str | None = None,
     error: str | None = None,
     history: int = 40,
@@ -338,7 +339,7 @@ def training() -> list[TrainingProcess]:
             OOM_PID,
             hello(OOM_PID, model_class="BertForMaskedLM"),
             snapshot(OOM_PID, step=17, oom=OOM_TEXT),
-            state="oom",
+            state=PublisherState.OOM,
             oom=OOM_TEXT,
         )
     )

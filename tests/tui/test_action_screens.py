@@ -17,8 +17,10 @@ from screen_reader import screen_text
 from textual.app import App
 from textual.screen import Screen
 
+from anatomy.vocabulary import TreeRole
 from tui import format as fmt
 from tui.screens.environ import EnvironScreen
+from tui.screens.process_metrics import ProcessMetricsScreen, ProcessRef, chart_lines
 from tui.screens.signal_dialog import SignalDialog
 from tui.screens.tree import TreeScreen, TreeTable, tree_prefix
 from tui.sources.environ import Environment
@@ -26,15 +28,17 @@ from tui.sources.history import MachineHistory
 from tui.sources.model import GpuInfo, GpuProcess, HostInfo, MachineSnapshot, NvmlStatus
 from tui.sources.signals import identify
 from tui.sources.tree import TreeRow
-from tui.widgets.gpu_history import history_lines
-from tui.widgets.process_metrics import ProcessMetricsScreen, ProcessRef, chart_lines
-from tui.widgets.sparkline import sparkline
+from tui.view.gpu_history import history_lines
+from tui.view.sparkline import sparkline
+from tui.widgets.stylesheet import WIDGETS_TCSS
 
 GiB = 1 << 30
 
 
 class Host(App[None]):
     """An empty app to push one screen on; ``results`` collects what the screen answered."""
+
+    CSS_PATH = WIDGETS_TCSS  # the screens show the monitor's widgets
 
     def __init__(self, screen: Screen[Any]) -> None:
         super().__init__()
@@ -144,7 +148,7 @@ async def test_an_unreadable_environment_says_why() -> None:
 
 
 def row(pid: int, depth: int, last: tuple[bool, ...]) -> TreeRow:
-    return TreeRow(pid=pid, ppid=0, depth=depth, last=last, role="gpu")
+    return TreeRow(pid=pid, ppid=0, depth=depth, last=last, role=TreeRole.GPU)
 
 
 def test_tree_prefixes() -> None:

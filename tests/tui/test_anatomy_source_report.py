@@ -7,7 +7,7 @@ import json
 
 from anatomy import protocol
 from anatomy.protocol import CudaMemory, Hello, OpGroupStat, Snapshot, Suggestion, Timing
-from anatomy.vocabulary import OPTIONAL_COMPONENTS, Component, OpGroup
+from anatomy.vocabulary import OPTIONAL_COMPONENTS, Component, OpGroup, PublisherState
 from tui import format as fmt
 from tui.report.anatomy_json import training_json
 from tui.report.anatomy_text import render_training_text
@@ -82,7 +82,9 @@ def snapshot(cuda: CudaMemory | None = None, oom: str | None = None) -> Snapshot
     )
 
 
-def process(h: Hello, s: Snapshot | None, state: str = "live", oom: str | None = None) -> TrainingProcess:
+def process(
+    h: Hello, s: Snapshot | None, state: PublisherState = PublisherState.LIVE, oom: str | None = None
+) -> TrainingProcess:
     return TrainingProcess(
         pid=h.pid,
         hello=h,
@@ -131,7 +133,8 @@ def test_text_shows_components_step_op_groups_and_suggestions() -> None:
 def test_text_marks_oom_and_neutralises_control_characters() -> None:
     evil = "Bert\x1b[2J\x1b]0;pwned\x07"
     snap = snapshot(oom="CUDA out of memory. Tried to allocate 2.00 GiB")
-    text = render_training_text([process(hello(model_class=evil), snap, state="oom", oom=snap.oom)])
+    oomed = process(hello(model_class=evil), snap, state=PublisherState.OOM, oom=snap.oom)
+    text = render_training_text([oomed])
     assert "OUT OF MEMORY: CUDA out of memory. Tried to allocate 2.00 GiB" in text
     assert "[oom]" in text
     assert "\x1b" not in text and "\x07" not in text and "Bert\\x1b[2J\\x1b]0;pwned\\x07" in text
@@ -177,7 +180,7 @@ def test_cuda_reconciles_against_the_machines_nvml_figure() -> None:
 
 
 def test_json_of_process_without_snapshot() -> None:
-    (entry,) = training_json([process(hello(), None, state="error")])
+    (entry,) = training_json([process(hello(), None, state=PublisherState.ERROR)])
     assert entry["snapshot"] is None and entry["reconciled"] is None and entry["state"] == "error"
     json.dumps(entry, allow_nan=False)
 

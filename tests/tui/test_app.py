@@ -24,6 +24,7 @@ from anatomy.vocabulary import Component
 from tui import format as fmt
 from tui.app import AnatomyTopApp
 from tui.screens.environ import EnvironScreen
+from tui.screens.process_metrics import ProcessMetricsScreen
 from tui.screens.signal_dialog import SignalDialog
 from tui.screens.tree import TreeScreen
 from tui.sources.anatomy_source import measured_total
@@ -37,7 +38,6 @@ from tui.widgets.header import MachineHeader, NvmlBanner
 from tui.widgets.key_bar import KeyBar, key_label
 from tui.widgets.layout import WIDE_FROM
 from tui.widgets.line_table import LineTable
-from tui.widgets.process_metrics import ProcessMetricsScreen
 from tui.widgets.process_table import ProcessTable
 
 MakeApp = Callable[..., AnatomyTopApp]

@@ -20,6 +20,7 @@ from rich.text import Text
 
 from tui.app import AnatomyTopApp
 from tui.screens.environ import EnvironScreen
+from tui.screens.process_metrics import ProcessMetricsScreen
 from tui.screens.signal_dialog import SignalDialog
 from tui.screens.tree import TreeScreen
 from tui.selection import process_of_row
@@ -29,7 +30,6 @@ from tui.sources.machine import MachineSource
 from tui.sources.nvml import NvmlSource
 from tui.view.process_rows import ProcessRow
 from tui.widgets.gpu_history import GpuHistory
-from tui.widgets.process_metrics import ProcessMetricsScreen
 from tui.widgets.process_table import ProcessTable
 
 GiB = 1 << 30

@@ -112,10 +112,8 @@ def test_sigterm_gives_the_terminal_back(tmp_path: Path) -> None:
     try:
         tmux.start(command)
         assert wait_for(lambda: "Quit" in tmux.capture() and "Help" in tmux.capture(), 30), tmux.capture()
-        state = tmux._run(
-            "display", "-p", "-t", tmux.session, "#{alternate_on} #{mouse_any_flag} #{pane_pid}"
-        )
-        alternate, mouse, shell = state.stdout.split()
+        state = tmux.display("#{alternate_on} #{mouse_any_flag} #{pane_pid}")
+        alternate, mouse, shell = state.split()
         assert alternate == "1" and mouse == "1"  # the monitor is up, in the alternate screen, mouse on
         children = Path(f"/proc/{shell}/task/{shell}/children").read_text().split()
         assert len(children) == 1
@@ -123,9 +121,7 @@ def test_sigterm_gives_the_terminal_back(tmp_path: Path) -> None:
         assert wait_for(rc_file.exists, 15), tmux.capture()
         assert wait_for(lambda: rc_file.read_text().strip() != "", 5)
         assert rc_file.read_text().strip() == "143"
-        state = tmux._run(
-            "display", "-p", "-t", tmux.session, "#{alternate_on} #{mouse_any_flag} #{cursor_flag}"
-        )
-        assert state.stdout.split() == ["0", "0", "1"], state.stdout
+        state = tmux.display("#{alternate_on} #{mouse_any_flag} #{cursor_flag}")
+        assert state.split() == ["0", "0", "1"], state
     finally:
         tmux.kill()

@@ -9,11 +9,14 @@ from textual.app import App, ComposeResult
 from textual.geometry import Region
 
 from tui.widgets.line_table import GAP, LineTable
+from tui.widgets.stylesheet import WIDGETS_TCSS
 
 COLUMNS = [("name", "Name", "left"), ("value", "Value", "right")]
 
 
 class _Host(App[None]):
+    CSS_PATH = WIDGETS_TCSS
+
     def compose(self) -> ComposeResult:
         yield LineTable(COLUMNS, cursor=True, id="t")
 
@@ -92,6 +95,8 @@ THREE = [("name", "Name", "left"), ("cpu", "CPU", "right"), ("time", "Time", "ri
 
 
 class _Three(App[None]):
+    CSS_PATH = WIDGETS_TCSS
+
     def compose(self) -> ComposeResult:
         yield LineTable(THREE, cursor=True, id="t")
 

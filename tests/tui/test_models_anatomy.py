@@ -9,7 +9,7 @@ import json
 import pytest
 
 from anatomy.protocol import Hello, Snapshot
-from anatomy.vocabulary import COMPONENT_HELP, Component
+from anatomy.vocabulary import COMPONENT_HELP, Component, PublisherState
 from tui import format as fmt
 from tui.report.anatomy_json import process_dict
 from tui.report.anatomy_text import render_process
@@ -68,7 +68,7 @@ def _snapshot(trainable: int | None = TRAINABLE) -> Snapshot:
 
 
 def _proc() -> TrainingProcess:
-    return TrainingProcess(pid=7, hello=_hello(), snapshot=_snapshot(), state="live")
+    return TrainingProcess(pid=7, hello=_hello(), snapshot=_snapshot(), state=PublisherState.LIVE)
 
 
 def test_the_parameter_line() -> None:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import frozen
 
 from tui.view.process_rows import ProcessRow, build_rows, filter_rows, row_key, sort_rows
+from tui.widgets.stylesheet import WIDGETS_TCSS
 
 
 def test_rows_merge_nvml_processes_with_publishers_nvml_does_not_list() -> None:
@@ -59,6 +60,8 @@ async def test_process_table_repaints_a_row_only_when_what_it_shows_changes() ->
     from tui.widgets.process_table import ProcessTable
 
     class Host(App[None]):
+        CSS_PATH = WIDGETS_TCSS
+
         def compose(self) -> ComposeResult:
             yield ProcessTable(id="p")
 

@@ -45,8 +45,9 @@ INFO_LABELS = (
     "precision",
 )
 PHASES = ("forward", "backward", "optimizer", "other")
-_COMPONENT_ORDER = {c.value: i for i, c in enumerate(Component)}
-_GROUP_ORDER = {g.value: i for i, g in enumerate(OpGroup)}
+# Keyed by str while the wire's maps are (their keys are members after decode, the hook's values in process).
+_COMPONENT_ORDER: dict[str, int] = {c: i for i, c in enumerate(Component)}
+_GROUP_ORDER: dict[str, int] = {g: i for i, g in enumerate(OpGroup)}
 
 
 @dataclass(frozen=True)
@@ -343,8 +344,8 @@ def _rank_families(out: _Families, ranks: Sequence[Rank]) -> None:
         _put(tokens, key, t.tokens_per_s)
         _put(mfu, key, snap.mfu)
         _put(flops, key, None if snap.achieved_tflops is None else snap.achieved_tflops * 1e12)
-        for name, stat in sorted((snap.op_groups or {}).items(), key=lambda kv: _GROUP_ORDER.get(kv[0], 99)):
-            _put(groups, (*key, name), stat.time_s)
+        for group, stat in sorted((snap.op_groups or {}).items(), key=lambda kv: _GROUP_ORDER.get(kv[0], 99)):
+            _put(groups, (*key, group), stat.time_s)
         if snap.cuda is not None:
             _put(allocated, key, snap.cuda.allocated)
             _put(reserved, key, snap.cuda.reserved)

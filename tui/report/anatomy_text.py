@@ -15,7 +15,7 @@ from anatomy.protocol import Snapshot
 from anatomy.vocabulary import Component, OpGroup
 from tui import format as fmt
 from tui import sanitize
-from tui.sources.anatomy_source import EXITED, OOM, TrainingProcess
+from tui.sources.anatomy_source import EXITED, LIVE, OOM, TrainingProcess
 from tui.sources.jobs import Job, jobs_of
 from tui.sources.model import MachineSnapshot
 from tui.sources.reconcile import (
@@ -33,15 +33,12 @@ from tui.sources.reconcile import (
 RULE = "-" * 91
 
 
-JOB_COLUMNS = tuple(
-    c.value
-    for c in (Component.WEIGHTS, Component.OPTIMIZER_STATES, Component.GRADIENTS, Component.ACTIVATIONS)
-)
+JOB_COLUMNS = (Component.WEIGHTS, Component.OPTIMIZER_STATES, Component.GRADIENTS, Component.ACTIVATIONS)
 COMPONENT_LABELS = {
-    Component.WEIGHTS.value: "Weights",
-    Component.OPTIMIZER_STATES.value: "Optim.",
-    Component.GRADIENTS.value: "Grads",
-    Component.ACTIVATIONS.value: "Activ.",
+    Component.WEIGHTS: "Weights",
+    Component.OPTIMIZER_STATES: "Optim.",
+    Component.GRADIENTS: "Grads",
+    Component.ACTIVATIONS: "Activ.",
 }
 
 
@@ -143,7 +140,7 @@ def op_group_lines(snapshot: Snapshot) -> list[str]:
     lines = [f"Op groups{sampled}: share of FLOPs vs share of time"]
     lines.append(f"  {'Group':<28}{'FLOPs':>10}{'Time':>10}")
     for group in OpGroup:
-        stat = groups.get(group.value)
+        stat = groups.get(group)
         if stat is None:
             continue
         flops = stat.flops / total_flops if stat.flops is not None and total_flops > 0 else None
@@ -218,7 +215,7 @@ def render_job(job: Job) -> str:
     lines.append(header)
     for row in job.ranks:
         mark = "*" if row.rank is not None and row.rank == job.slowest_rank else " "
-        step = fmt.fmt_seconds(row.step_s) if row.state == "live" else row.state.upper()
+        step = fmt.fmt_seconds(row.step_s) if row.state is LIVE else row.state.upper()
         rank = row.rank if row.rank is not None else "?"
         line = f"{rank:>5} {row.pid:>8} {step:>9}{mark} {fmt.fmt_bytes(row.peak):>10}"
         line += "".join(f" {fmt.fmt_bytes(row.memory.get(key)):>10}" for key in JOB_COLUMNS)

@@ -19,7 +19,7 @@ from rich.terminal_theme import SVG_EXPORT_THEME
 from anatomy.protocol import Hello, Snapshot, Suggestion
 from anatomy.runs import Run, RunGroup
 from anatomy.units import fmt_bytes
-from anatomy.vocabulary import COMPONENT_LABELS, OP_GROUP_LABELS, Component, OpGroup
+from anatomy.vocabulary import OP_GROUP_LABELS, Component, OpGroup
 from tui.component_styles import COMPONENT_STYLES
 from tui.format import fmt_duration, fmt_seconds
 from tui.runreport import svg
@@ -81,10 +81,10 @@ def memory_chart(run: Run, suffix: str = "") -> Chart:
     xs = [float(s.step) for s in snaps]
     stacked = []
     for c in Component:
-        ys = [s.memory.get(c.value) for s in snaps]
+        ys = [s.memory.get(c) for s in snaps]
         if any(y is not None for y in ys):
             tx, ty = thin(xs, [float(y) if y is not None else None for y in ys])
-            stacked.append(Series(COMPONENT_LABELS.get(c, c.value), component_colour(c), tx, ty))
+            stacked.append(Series(c.label, component_colour(c), tx, ty))
     px, py = thin([float(r.step) for r in run.rows], [r.peak_bytes for r in run.rows], how="max")
     lines = [Series("step peak", "#ffffff", px, [float(p) if p is not None else None for p in py])]
     return Chart(f"memory{suffix}", "Memory by component", "bytes", stacked, lines, events_of(run))
@@ -120,7 +120,7 @@ def op_group_chart(run: Run, suffix: str = "") -> Chart:
     for group in OpGroup:
         ys: list[float | None] = []
         for x, total in zip(xs, totals, strict=True):
-            stat = (seen[int(x)].op_groups or {}).get(group.value)
+            stat = (seen[int(x)].op_groups or {}).get(group)
             ys.append((stat.time_s or 0.0) / total if stat is not None and total > 0 else None)
         if any(ys):
             tx, ty = thin(xs, ys)
@@ -209,16 +209,16 @@ def _split_html(snap: Snapshot | None) -> str:
     if snap is None:
         return "<p class=muted>no snapshot recorded</p>"
     split = snap.at_peak or snap.memory
-    parts = [(c, split.get(c.value)) for c in Component if split.get(c.value)]
+    parts = [(c, split.get(c)) for c in Component if split.get(c)]
     total = sum(v or 0 for _, v in parts) or 1
     bar = "".join(
         f'<span style="width:{(v or 0) / total * 100:.2f}%;background:{component_colour(c)}" '
-        f'title="{escape(COMPONENT_LABELS.get(c, c.value))}"></span>'
+        f'title="{escape(c.label)}"></span>'
         for c, v in parts
     )
     rows = "".join(
         f'<tr><td><i style="background:{component_colour(c)}"></i>'
-        f"{escape(COMPONENT_LABELS.get(c, c.value))}</td>"
+        f"{escape(c.label)}</td>"
         f"<td class=num>{fmt_bytes(v or 0)}</td><td class=num>{(v or 0) / total * 100:.1f}%</td></tr>"
         for c, v in parts
     )

@@ -99,7 +99,7 @@ def write_calls(lib: SimulatedNvml, path: str | os.PathLike[str]) -> None:
     Path(path).write_text(json.dumps(lib.counts_json(), indent=1) + "\n", encoding="utf-8")
 
 
-def _write_calls_at_exit(lib: SimulatedNvml, path: str) -> None:
+def write_calls_at_exit(lib: SimulatedNvml, path: str) -> None:
     try:
         write_calls(lib, path)
     except OSError as exc:
@@ -121,7 +121,7 @@ def install_from_env(environ: dict[str, str] | None = None) -> SimulatedNvml | N
     lib = install(scenario)
     calls_path = env.get(CALLS_ENV, "").strip()
     if calls_path:
-        atexit.register(_write_calls_at_exit, lib, calls_path)
+        atexit.register(write_calls_at_exit, lib, calls_path)
     return lib
 
 

@@ -17,8 +17,12 @@ import runpy
 import sys
 
 from tui.simnvml.curves import ScenarioError
-from tui.simnvml.install import _write_calls_at_exit, install
+from tui.simnvml.install import install, write_calls_at_exit
 from tui.simnvml.scenario import Scenario
+
+TYPE_CHECKING = False  # typing's names for type checkers only: the runner imports nothing it need not
+if TYPE_CHECKING:
+    from collections.abc import Callable
 
 # The runner is a measuring harness: every module it imports is one the program under test finds
 # already loaded. So it imports as little as it can (no argparse, no importlib.metadata, no shutil),
@@ -35,9 +39,9 @@ Everything after -- is the program: a console script name and its arguments, or 
 arguments."""
 
 
-class _Args:
+class RunnerArgs:
     def __init__(self) -> None:
-        self.scenario = ""  # required: _parse refuses an empty one
+        self.scenario = ""  # required: parse_args refuses an empty one
         self.calls_out: str | None = None
 
 
@@ -46,13 +50,13 @@ def _usage_error(message: str) -> SystemExit:
     return SystemExit(2)
 
 
-def _parse(argv: list[str]) -> tuple[_Args, list[str]]:
+def parse_args(argv: list[str]) -> tuple[RunnerArgs, list[str]]:
     if "--" in argv:
         cut = argv.index("--")
         own, target = argv[:cut], argv[cut + 1 :]
     else:
         own, target = argv, []
-    args = _Args()
+    args = RunnerArgs()
     i = 0
     while i < len(own):
         word = own[i]
@@ -85,8 +89,9 @@ def _exit_code(exc: SystemExit) -> int:
     return 1
 
 
-def main(argv: list[str] | None = None) -> int:
-    args, target = _parse(sys.argv[1:] if argv is None else argv)
+def main(argv: list[str] | None = None, find_script: Callable[[str], str | None] | None = None) -> int:
+    """``find_script``: the wrapper script of a console script name, or None (default: ``script_file``)."""
+    args, target = parse_args(sys.argv[1:] if argv is None else argv)
     try:
         scenario = Scenario.from_json(args.scenario)
     except ScenarioError as exc:
@@ -96,7 +101,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.calls_out:
         # Registered before the program runs, so it runs after the program's own atexit
         # handlers (nvitop shuts NVML down in one) and counts their calls too.
-        atexit.register(_write_calls_at_exit, lib, args.calls_out)
+        atexit.register(write_calls_at_exit, lib, args.calls_out)
 
     if target[0] == "-m":
         if len(target) < 2:
@@ -111,7 +116,7 @@ def main(argv: list[str] | None = None) -> int:
 
     name = target[0]
     sys.argv = [name, *target[1:]]
-    script = _script_file(name)
+    script = (find_script or script_file)(name)
     try:
         if script is not None:
             # The installed wrapper script itself, as the shell would run it (minus a new interpreter).
@@ -130,7 +135,7 @@ def main(argv: list[str] | None = None) -> int:
     return result if isinstance(result, int) else 0
 
 
-def _script_file(name: str) -> str | None:
+def script_file(name: str) -> str | None:
     """The Python wrapper script installed for console script ``name`` (next to this interpreter
     first, then on PATH), or None."""
     if os.sep in name:

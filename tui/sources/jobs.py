@@ -12,7 +12,7 @@ from __future__ import annotations
 import statistics
 from dataclasses import dataclass, field
 
-from anatomy.vocabulary import Component
+from anatomy.vocabulary import Component, PublisherState
 from tui.sources.anatomy_source import LIVE, TrainingProcess, measured_total
 
 STRAGGLER_RATIO = 1.1
@@ -22,11 +22,11 @@ STRAGGLER_RATIO = 1.1
 class RankRow:
     rank: int | None
     pid: int
-    state: str
+    state: PublisherState
     step: int | None
     step_s: float | None
     peak: int | None  # the rank's step peak (what its components add up to)
-    memory: dict[str, int | None]  # Component value -> bytes (None: not measured)
+    memory: dict[Component, int | None]  # None: not measured
 
 
 @dataclass(frozen=True)
@@ -36,7 +36,7 @@ class Job:
     world_size: int
     model_class: str
     ranks: tuple[RankRow, ...]
-    total_memory: dict[str, int] = field(default_factory=dict)  # Component value -> sum over the ranks
+    total_memory: dict[Component, int] = field(default_factory=dict)  # the sum over the ranks
     total_peak: int = 0  # sum of the ranks' peaks
     slowest_rank: int | None = None  # rank number of the slowest live rank
     straggler: bool = False  # the slowest is STRAGGLER_RATIO x slower than the others' median
@@ -63,11 +63,11 @@ def job_of(process: TrainingProcess, processes: list[TrainingProcess]) -> Job | 
 def _job(key: str, members: list[TrainingProcess]) -> Job:
     members = sorted(members, key=lambda p: (p.rank if p.rank is not None else 1 << 30, p.pid))
     rows = tuple(_row(p) for p in members)
-    total: dict[str, int] = {}
+    total: dict[Component, int] = {}
     for row in rows:
-        for name, value in row.memory.items():
+        for component, value in row.memory.items():
             if value is not None:
-                total[name] = total.get(name, 0) + value
+                total[component] = total.get(component, 0) + value
     live = [r for r in rows if r.state == LIVE and r.step_s is not None]
     slowest = max(live, key=lambda r: r.step_s or 0.0) if live else None
     straggler = False
@@ -91,9 +91,9 @@ def _job(key: str, members: list[TrainingProcess]) -> Job:
 
 def _row(p: TrainingProcess) -> RankRow:
     snap = p.snapshot
-    memory: dict[str, int | None] = {}
+    memory: dict[Component, int | None] = {}
     if snap is not None:
-        memory = {c.value: snap.memory.get(c.value) for c in Component if c.value in snap.memory}
+        memory = {c: snap.memory.get(c) for c in Component if c in snap.memory}
     return RankRow(
         rank=p.rank,
         pid=p.pid,

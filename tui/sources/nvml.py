@@ -30,15 +30,14 @@ from tui.sources.nvml_buffers import (
     read_process_list,
     read_utilization_samples,
 )
+from tui.sources.nvml_fields import read_fast, read_identity, read_slow
 from tui.sources.nvml_reading import (
     OMITTABLE_FIELDS,
     VIEW_ONLY_FIELDS,
     DeviceState,
     NvmlReading,
     decode,
-    fast_fields,
     format_cuda_version,
-    pci_bus_id,
 )
 
 # typing is not imported at run time (~3 ms of --once start-up); the names are for type checkers.
@@ -50,9 +49,6 @@ LIBRARY_MISSING_REASON = "NVIDIA driver not found (libnvidia-ml.so.1 could not b
 BINDINGS_MISSING_REASON = "nvidia-ml-py (pynvml) is not installed"
 CLOSED_REASON = "NVML source closed"
 
-_PSTATE_UNKNOWN = 32
-_COMPUTE_MODES = {0: "Default", 1: "Exclusive_Thread", 2: "Prohibited", 3: "Exclusive_Process"}
-
 # Per-process utilization is read as the samples of the last PROCESS_SAMPLE_WINDOW_S (lastSeenTimeStamp
 # = now - window, in the driver's CPU time): a refresh faster than the driver's sampling period still
 # finds each busy process's last sample, and a process that went idle reads 0 % after the window.
@@ -61,8 +57,6 @@ PROCESS_SAMPLE_WINDOW_S = 1.0
 
 class _GpuLost(Exception):
     """Raised out of the choke point when a device fell off the bus; ends that device's pass."""
-
-
 
 
 class NvmlSource:
@@ -330,11 +324,11 @@ class NvmlSource:
             return GpuInfo(index=dev.index, lost=True, error=dev.error), ()
         try:
             if dev.identity is None:
-                dev.identity = self._read_identity(dev.handle)
+                dev.identity = read_identity(self._nvml, self._get, self._raw, dev.handle, self.omit)
             if dev.slow is None or now - dev.slow_at >= self.slow_ttl:
-                dev.slow, dev.slow_at = self._read_slow(dev.handle), now
+                dev.slow, dev.slow_at = read_slow(self._nvml, self._get, dev.handle, self.omit), now
             if dev.fast is None or now - dev.fast_at >= self.fast_ttl:
-                dev.fast = self._read_fast(dev.handle)
+                dev.fast = read_fast(self._nvml, self._get, dev.handle)
                 mig = bool(dev.slow.get("mig_mode"))
                 dev.processes = self._read_processes(dev, mig)
                 dev.fast_at = now
@@ -344,109 +338,6 @@ class NvmlSource:
             dev.processes = ()
             return GpuInfo(index=dev.index, lost=True, error=dev.error), ()
         return GpuInfo(index=dev.index, **dev.identity, **dev.slow, **dev.fast), dev.processes
-
-    def _read_identity(self, h: Any) -> dict[str, Any]:
-        pynvml = self._nvml
-        return {
-            "name": decode(self._get(("nvmlDeviceGetName", lambda: pynvml.nvmlDeviceGetName(h)))),
-            "uuid": None
-            if "uuid" in self.omit
-            else decode(self._get(("nvmlDeviceGetUUID", lambda: pynvml.nvmlDeviceGetUUID(h)))),
-            "bus_id": self._bus_id(h),
-        }
-
-    def _bus_id(self, h: Any) -> str | None:
-        pynvml = self._nvml
-
-        def older(symbol: str) -> Callable[[], Any]:
-            def call() -> Any:
-                info = pynvml.nvmlPciInfo_t()
-                self._raw(symbol, h, ctypes.byref(info))
-                return info
-
-            return call
-
-        info = self._get(
-            ("nvmlDeviceGetPciInfo_v3", lambda: pynvml.nvmlDeviceGetPciInfo_v3(h)),
-            ("nvmlDeviceGetPciInfo_v2", older("nvmlDeviceGetPciInfo_v2")),
-            ("nvmlDeviceGetPciInfo", older("nvmlDeviceGetPciInfo")),
-        )
-        if info is None:
-            return None
-        return pci_bus_id(info)
-
-    def _read_slow(self, h: Any) -> dict[str, Any]:
-        pynvml = self._nvml
-        get = self._get
-        omit = self.omit
-
-        def unless_omitted(field: str, *alternatives: tuple[str, Callable[[], Any]]) -> Any:
-            return None if field in omit else get(*alternatives)
-
-        persistence = unless_omitted(
-            "persistence_mode",
-            ("nvmlDeviceGetPersistenceMode", lambda: pynvml.nvmlDeviceGetPersistenceMode(h)),
-        )
-        display = unless_omitted(
-            "display_active", ("nvmlDeviceGetDisplayActive", lambda: pynvml.nvmlDeviceGetDisplayActive(h))
-        )
-        ecc = get(
-            (
-                "nvmlDeviceGetTotalEccErrors",
-                lambda: pynvml.nvmlDeviceGetTotalEccErrors(
-                    h, pynvml.NVML_MEMORY_ERROR_TYPE_UNCORRECTED, pynvml.NVML_VOLATILE_ECC
-                ),
-            )
-        )
-        fan = get(("nvmlDeviceGetFanSpeed", lambda: pynvml.nvmlDeviceGetFanSpeed(h)))
-        temperature = get(
-            (
-                "nvmlDeviceGetTemperatureV",
-                lambda: pynvml.nvmlDeviceGetTemperatureV(h, pynvml.NVML_TEMPERATURE_GPU),
-            ),
-            (
-                "nvmlDeviceGetTemperature",
-                lambda: pynvml.nvmlDeviceGetTemperature(h, pynvml.NVML_TEMPERATURE_GPU),
-            ),
-        )
-        pstate = unless_omitted(
-            "performance_state",
-            ("nvmlDeviceGetPerformanceState", lambda: pynvml.nvmlDeviceGetPerformanceState(h)),
-            ("nvmlDeviceGetPowerState", lambda: pynvml.nvmlDeviceGetPowerState(h)),
-        )
-        limit_mw = get(
-            ("nvmlDeviceGetPowerManagementLimit", lambda: pynvml.nvmlDeviceGetPowerManagementLimit(h)),
-            ("nvmlDeviceGetEnforcedPowerLimit", lambda: pynvml.nvmlDeviceGetEnforcedPowerLimit(h)),
-        )
-        compute = unless_omitted(
-            "compute_mode", ("nvmlDeviceGetComputeMode", lambda: pynvml.nvmlDeviceGetComputeMode(h))
-        )
-        mig = get(("nvmlDeviceGetMigMode", lambda: pynvml.nvmlDeviceGetMigMode(h)))
-        return {
-            "persistence_mode": None if persistence is None else bool(persistence),
-            "display_active": None if display is None else bool(display),
-            "ecc_volatile_uncorrected": None if ecc is None else int(ecc),
-            "fan_percent": None if fan is None else int(fan),
-            "temperature_c": None if temperature is None else int(temperature),
-            "performance_state": None if pstate is None or pstate == _PSTATE_UNKNOWN else int(pstate),
-            "power_limit_w": None if limit_mw is None else limit_mw / 1000.0,
-            "compute_mode": None if compute is None else _COMPUTE_MODES.get(int(compute)),
-            "mig_mode": None if mig is None else bool(mig[0] == pynvml.NVML_DEVICE_MIG_ENABLE),
-        }
-
-    def _read_fast(self, h: Any) -> dict[str, Any]:
-        pynvml = self._nvml
-        get = self._get
-        memory = get(
-            (
-                "nvmlDeviceGetMemoryInfo_v2",
-                lambda: pynvml.nvmlDeviceGetMemoryInfo(h, version=pynvml.nvmlMemory_v2),
-            ),
-            ("nvmlDeviceGetMemoryInfo", lambda: pynvml.nvmlDeviceGetMemoryInfo(h)),
-        )
-        util = get(("nvmlDeviceGetUtilizationRates", lambda: pynvml.nvmlDeviceGetUtilizationRates(h)))
-        power_mw = get(("nvmlDeviceGetPowerUsage", lambda: pynvml.nvmlDeviceGetPowerUsage(h)))
-        return fast_fields(memory, util, power_mw)
 
     # ----------------------------------------------------------------- processes
     def _read_processes(self, dev: DeviceState, mig: bool) -> tuple[GpuProcess, ...]:

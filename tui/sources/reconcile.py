@@ -118,16 +118,16 @@ def reconcile(hello: Hello | None, snapshot: Snapshot, nvml_process_bytes: int |
         trainable = hello.trainable_parameter_count
     if snapshot.at_peak is not None and snapshot.peak_bytes is not None:
         return _reconcile_at_peak(snapshot, nvml_process_bytes, on_cuda, params, trainable)
-    values: dict[Component, int | None] = {c: snapshot.memory.get(c.value) for c in Component}
+    values: dict[Component, int | None] = {c: snapshot.memory.get(c) for c in Component}
     note: str | None = None
 
     if on_cuda:
         cuda = snapshot.cuda
         reserved = cuda.reserved if cuda is not None else None
-        cache = snapshot.memory.get(Component.ALLOCATOR_CACHE.value)
+        cache = snapshot.memory.get(Component.ALLOCATOR_CACHE)
         if cache is None and cuda is not None and cuda.reserved >= cuda.allocated:
             cache = cuda.reserved - cuda.allocated
-        context = snapshot.memory.get(Component.CUDA_CONTEXT.value)
+        context = snapshot.memory.get(Component.CUDA_CONTEXT)
         measured_context, managed = _context_and_managed(
             nvml_process_bytes, reserved, cuda.managed if cuda is not None else 0
         )
@@ -185,7 +185,7 @@ def reconcile(hello: Hello | None, snapshot: Snapshot, nvml_process_bytes: int |
                 bytes=value,
                 share=value / denominator if value is not None and denominator > 0 else None,
                 bytes_per_param=_row_per_param(c, value, params, trainable),
-                expected_bytes_per_param=snapshot.expected_bytes_per_param.get(c.value),
+                expected_bytes_per_param=snapshot.expected_bytes_per_param.get(c),
                 max_bytes=value,
             )
         )
@@ -210,8 +210,8 @@ def _reconcile_at_peak(
 ) -> Reconciled:
     at_peak = snapshot.at_peak or {}
     peak = snapshot.peak_bytes or 0
-    values: dict[Component, int | None] = {c: at_peak.get(c.value) for c in Component}
-    maxima: dict[Component, int | None] = {c: snapshot.memory.get(c.value) for c in Component}
+    values: dict[Component, int | None] = {c: at_peak.get(c) for c in Component}
+    maxima: dict[Component, int | None] = {c: snapshot.memory.get(c) for c in Component}
     note: str | None = None
     managed = 0
     skip: set[Component] = set()  # rows that cannot be measured in this situation (not a failure)
@@ -266,7 +266,7 @@ def _reconcile_at_peak(
             bytes=values[c],
             share=_fraction(values[c], denominator),
             bytes_per_param=_row_per_param(c, maxima[c], params, trainable),
-            expected_bytes_per_param=snapshot.expected_bytes_per_param.get(c.value),
+            expected_bytes_per_param=snapshot.expected_bytes_per_param.get(c),
             max_bytes=maxima[c],
         )
         for c in order

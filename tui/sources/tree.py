@@ -12,11 +12,13 @@ import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
+from anatomy.vocabulary import TreeRole
 from tui.sources import procfs
 from tui.sources.model import GpuProcess
 from tui.sources.procfs import PROC, ProcReader, ProcStat
 
-GPU, ANCESTOR, CHILD = "gpu", "ancestor", "child"
+# The vocabulary's words, under the names the tree's readers import.
+GPU, ANCESTOR, CHILD = TreeRole.GPU, TreeRole.ANCESTOR, TreeRole.CHILD
 
 
 @dataclass(frozen=True)
@@ -31,7 +33,7 @@ class TreeRow:
     ppid: int
     depth: int
     last: tuple[bool, ...]
-    role: str  # GPU (NVML lists it), ANCESTOR (a parent of one), CHILD (a child of one)
+    role: TreeRole
     name: str | None = None
     user: str | None = None
     command: str | None = None
@@ -82,7 +84,7 @@ class ProcessTree:
         children: dict[int, list[int]] = {}
         for pid, stat in stats.items():
             children.setdefault(stat.ppid, []).append(pid)
-        kept: dict[int, str] = {}
+        kept: dict[int, TreeRole] = {}
         for pid in on_gpu:
             kept[pid] = GPU
         for pid in on_gpu:
@@ -123,7 +125,7 @@ class ProcessTree:
         pid: int,
         depth: int,
         last: tuple[bool, ...],
-        role: str,
+        role: TreeRole,
         stat: ProcStat | None,
         gpu: list[GpuProcess],
         elapsed: float | None,

@@ -86,7 +86,7 @@ def component_cells(rec: Reconciled, plain: bool = False) -> dict[str, tuple[Tex
         measured = row.bytes is not None
         peak_cell = fmt.fmt_bytes(row.bytes, fmt.UNMEASURED) if rec.at_peak else "—"
         per_param = row.component in PER_PARAMETER
-        rows[row.component.value] = (
+        rows[row.component] = (
             Text.assemble(component_mark(row.component, plain), " ", row.component.label),
             Text(peak_cell, justify="right", style="" if measured and rec.at_peak else "bright_black"),
             Text(fmt.fmt_share(row.share, na="") if measured else "", justify="right"),

@@ -9,7 +9,7 @@ from collections.abc import Sequence
 from rich.text import Text
 
 from anatomy.protocol import OpGroupStat, Snapshot, Suggestion
-from anatomy.vocabulary import Component, OpGroup, Source
+from anatomy.vocabulary import Component, OpGroup, PublisherState, Source
 from tui import format as fmt
 from tui.sources.anatomy_source import TrainingProcess
 from tui.sources.jobs import Job, RankRow
@@ -17,20 +17,18 @@ from tui.sources.reconcile import SUM_OF_ROWS, TOTAL_NVML, TOTAL_PEAK, TOTAL_RES
 from tui.view.bars import meter
 
 # The components a job's rank table shows per rank (the pane's component table has them all).
-JOB_COMPONENTS = tuple(
-    c.value
-    for c in (Component.WEIGHTS, Component.OPTIMIZER_STATES, Component.GRADIENTS, Component.ACTIVATIONS)
-)
-STATE_BADGES: dict[str, tuple[str, str]] = {
-    "live": ("LIVE", "bold green"),
-    "oom": ("OOM", "bold reverse red"),
-    "exited": ("EXITED", "bold bright_black"),
-    "error": ("ERROR", "bold yellow"),
+JOB_COMPONENTS = (Component.WEIGHTS, Component.OPTIMIZER_STATES, Component.GRADIENTS, Component.ACTIVATIONS)
+STATE_BADGES: dict[PublisherState, tuple[str, str]] = {
+    PublisherState.LIVE: ("LIVE", "bold green"),
+    PublisherState.OOM: ("OOM", "bold reverse red"),
+    PublisherState.EXITED: ("EXITED", "bold bright_black"),
+    PublisherState.ERROR: ("ERROR", "bold yellow"),
 }
+# Keyed by str: a suggestion's source may be a word this monitor does not know (a newer hook's).
 SOURCE_STYLES: dict[str, str] = {
-    Source.MEASURED.value: "green",
-    Source.PREDICTED.value: "yellow",
-    Source.GUIDE.value: "cyan",
+    Source.MEASURED: "green",
+    Source.PREDICTED: "yellow",
+    Source.GUIDE: "cyan",
 }
 _TOTAL_LABELS = {
     TOTAL_NVML: "NVML's figure for this process",
@@ -74,13 +72,13 @@ def stale_text(stale_s: float) -> Text:
 
 def alert_text(process: TrainingProcess) -> Text | None:
     """The OOM exception, the reason a reader was dropped, or the hook's own degradation."""
-    if process.state == "oom" or process.oom:
+    if process.state is PublisherState.OOM or process.oom:
         text = Text("OOM ", style="bold reverse red")
         text.append(" ")
         text.append(Text(process.oom or "out of memory", style="red"))
         text.append("\nlast anatomy before the process died", style="bright_black")
         return text
-    if process.state == "exited":
+    if process.state is PublisherState.EXITED:
         return Text("process exited — its last anatomy is shown", style="bright_black")
     if process.error:
         text = Text("error: ", style="bold yellow")
@@ -215,7 +213,7 @@ def suggestion_text(suggestions: Sequence[Suggestion]) -> Text:
         text.append(Text(s.title, style="bold"))
         if s.saving_bytes is not None:
             # The saving of a technique not yet applied is an estimate; a measured one (a leak) is not.
-            about = "" if s.source == Source.MEASURED.value else "~"
+            about = "" if s.source == Source.MEASURED else "~"
             text.append(" — saves ", style="bright_black")
             text.append(f"{about}{fmt.fmt_bytes(s.saving_bytes)}", style="green")
         if s.speed_factor is not None:
@@ -247,7 +245,7 @@ def rank_cells(row: RankRow, job: Job, selected_pid: int | None) -> tuple[Text, 
         rank.append("▶ ", style="bold cyan")
     rank.append(str(row.rank) if row.rank is not None else fmt.NA)
     slowest = row.rank is not None and row.rank == job.slowest_rank
-    if row.state != "live":  # a rank that exited, died of OOM or failed: its state where its pace was
+    if row.state is not PublisherState.LIVE:  # exited, died of OOM or failed: its state where its pace was
         badge, style = STATE_BADGES.get(row.state, (row.state.upper(), "bold"))
         step = Text(badge, style=style, justify="right")
     else:

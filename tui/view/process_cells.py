@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from rich.text import Text
 
+from anatomy.vocabulary import PublisherState
 from tui import format as fmt
 from tui.view.process_rows import LAUNCHERS, ProcessRow, readable_command
 
@@ -63,11 +64,11 @@ HEAD_SHARE = 0.6
 TAIL_MIN = 8  # cells of a command line's end kept even when its program takes the rest
 
 # One cell each, so the glyph column stays one cell wide (an OOM row also says OOM in its command).
-_GLYPHS: dict[str, tuple[str, str]] = {
-    "live": (ANATOMY_GLYPH, "bold green"),
-    "oom": ("×", "bold red"),  # Latin-1: in every terminal font
-    "exited": ("◇", "bright_black"),
-    "error": ("!", "bold yellow"),
+_GLYPHS: dict[PublisherState, tuple[str, str]] = {
+    PublisherState.LIVE: (ANATOMY_GLYPH, "bold green"),
+    PublisherState.OOM: ("×", "bold red"),  # Latin-1: in every terminal font
+    PublisherState.EXITED: ("◇", "bright_black"),
+    PublisherState.ERROR: ("!", "bold yellow"),
 }
 
 
@@ -116,7 +117,7 @@ def _right(value: str) -> Text:
     return Text(value, justify="right", style="bright_black" if value == fmt.NA else "")
 
 
-def glyph_for(state: str | None) -> Text:
+def glyph_for(state: PublisherState | None) -> Text:
     if state is None:
         return Text("")
     glyph, style = _GLYPHS.get(state, (ANATOMY_GLYPH, "green"))
@@ -153,12 +154,12 @@ def cells_of(values: tuple[object, ...]) -> tuple[Text, ...]:
     state, gpu_index, pid, user, type_, gpu_memory, sm, mbw, cpu, rss, elapsed, command, alive, _rank = values
     # The rank is in the anatomy pane and its ranks table; here every cell goes to the command line.
     command_text = Text(style="" if alive else "strike bright_black")
-    if state == "oom":
+    if state is PublisherState.OOM:
         command_text.append(OOM_MARK, style="bold red")
     shown = readable_command(command) if isinstance(command, str) else None
     command_text.append(shown or fmt.NA)
     return (
-        glyph_for(state if isinstance(state, str) else None),
+        glyph_for(state if isinstance(state, PublisherState) else None),
         Text("-" if gpu_index is None else str(gpu_index), justify="right"),
         Text(str(pid), justify="right"),
         Text(str(user or fmt.NA)),

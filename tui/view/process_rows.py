@@ -9,6 +9,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from anatomy.vocabulary import PublisherState
 from tui.sources.model import GpuProcess, MachineSnapshot
 
 if TYPE_CHECKING:  # the anatomy side (its protocol, ~25 ms to import) is not needed to draw the first frame
@@ -30,7 +31,7 @@ class ProcessRow:
     host_rss: int | None = None
     running_time_s: float | None = None
     alive: bool = True
-    training_state: str | None = None  # None: does not publish its anatomy
+    training_state: PublisherState | None = None  # None: does not publish its anatomy
     rank: int | None = None
 
     @property
@@ -92,7 +93,7 @@ def build_rows(
         if host is not None:
             rows.append(_from_gpu_process(row_key(None, pid), host, t, on_gpu=False))
         else:
-            alive = t.state not in ("exited", "oom")
+            alive = t.state not in (PublisherState.EXITED, PublisherState.OOM)
             rows.append(
                 ProcessRow(
                     key=row_key(None, pid),

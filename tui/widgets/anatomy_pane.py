@@ -12,6 +12,7 @@ from textual.binding import Binding, BindingType
 from textual.containers import Horizontal, Vertical, VerticalScroll
 from textual.widgets import Sparkline, Static
 
+from anatomy.vocabulary import PublisherState
 from tui.sources.reconcile import Reconciled
 from tui.sources.training import TrainingProcess
 from tui.view.anatomy import EMPTY_HINT, AnatomyView, waiting_text
@@ -154,7 +155,7 @@ class AnatomyPane(VerticalScroll):
         self._update("#anatomy-title", title)
         alert_widget = self.query_one("#anatomy-alert", TextStatic)
         alert_widget.display = view.alert is not None
-        alert_widget.set_class(process.state == "oom", "-oom")
+        alert_widget.set_class(process.state is PublisherState.OOM, "-oom")
         self._update("#anatomy-alert", view.alert if view.alert is not None else "")
 
         self.query_one(StackedBar).set_segments(view.segments)

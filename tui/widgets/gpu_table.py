@@ -31,10 +31,6 @@ _COMPACT = [(key, label, COMPACT_JUSTIFY.get(key, "left")) for key, label in COM
 
 
 class GpuTable(LineTable):
-    DEFAULT_CSS = """
-    GpuTable { height: auto; max-height: 18; scrollbar-size-vertical: 1; }
-    """
-
     def __init__(self, mode: str = COMPACT, **kwargs: Any) -> None:
         super().__init__(_COMPACT, **kwargs)
         self.mode = COMPACT

@@ -26,10 +26,6 @@ class TextLines(Widget):
     changed: the header changes on every refresh (clock, CPU %), and a ``Static`` re-renders all of it
     through Textual's content pipeline, which was a fifth of a refresh's main-thread time."""
 
-    DEFAULT_CSS = """
-    TextLines { height: auto; }
-    """
-
     def __init__(self, **kwargs: Any) -> None:
         super().__init__(**kwargs)
         self._text = Text()
@@ -79,10 +75,6 @@ class TextLines(Widget):
 
 
 class MachineHeader(TextLines):
-    DEFAULT_CSS = """
-    MachineHeader { height: auto; padding: 0 1; }
-    """
-
     _args: tuple[HeaderView | None, float, bool] = (None, 1.0, False)
 
     def show(self, header: HeaderView | None, interval: float, paused: bool) -> None:
@@ -96,11 +88,6 @@ class MachineHeader(TextLines):
 
 
 class NvmlBanner(TextStatic):
-    DEFAULT_CSS = """
-    NvmlBanner { height: auto; padding: 0 1; display: none; }
-    NvmlBanner.-visible { display: block; }
-    """
-
     def show(self, machine: MachineSnapshot | None) -> None:
         text = banner_text(machine)
         self.set_class(text is not None, "-visible")

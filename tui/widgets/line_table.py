@@ -56,22 +56,6 @@ class LineTable(ScrollView):
     """``columns``: (key, label, justify) triples. ``set_rows`` takes (row key, cells) pairs in display
     order."""
 
-    DEFAULT_CSS = """
-    LineTable {
-        height: auto;
-        max-height: 100%;
-        overflow-x: auto;
-        overflow-y: auto;
-        background: $surface;
-    }
-    LineTable > .line-table--header { text-style: bold; background: $panel; }
-    LineTable > .line-table--cursor { background: $block-cursor-blurred-background; }
-    LineTable:focus > .line-table--cursor {
-        background: $block-cursor-background;
-        color: $block-cursor-foreground;
-        text-style: $block-cursor-text-style;
-    }
-    """
     COMPONENT_CLASSES: ClassVar[set[str]] = {"line-table--header", "line-table--cursor"}
     BINDINGS: ClassVar[list[BindingType]] = [
         Binding("up", "cursor_up", "Up", show=False),

@@ -17,10 +17,6 @@ class ProcessTable(LineTable):
     """Call ``show(rows, cells)`` with every row and its cells; the table applies its own filter and
     sort order."""
 
-    DEFAULT_CSS = """
-    ProcessTable { height: 1fr; }
-    """
-
     def __init__(self, **kwargs: Any) -> None:
         super().__init__(
             self._columns(COLUMNS),

@@ -18,10 +18,6 @@ class StackedBar(Widget):
     """Renders ``segments`` (component, bytes) as block characters across its width. Components with
     no bytes (or unmeasured ones, which callers leave out) take no room."""
 
-    DEFAULT_CSS = """
-    StackedBar { height: 1; width: 1fr; }
-    """
-
     segments: reactive[tuple[Segment, ...]] = reactive((), layout=False)
 
     def set_segments(self, segments: Sequence[Segment]) -> None:

@@ -19,7 +19,7 @@ from tui import format as fmt
 from tui.sanitize import clean
 from tui.sources.history import MachineHistory, Series
 from tui.sources.model import GpuProcess, MachineSnapshot
-from tui.widgets.sparkline import BLOCKS, level_style
+from tui.view.sparkline import BLOCKS, level_style
 from tui.widgets.text_static import TextStatic
 
 
@@ -160,9 +160,7 @@ class ProcessMetricsScreen(Screen[None]):
     BINDINGS: ClassVar[list[BindingType]] = [
         Binding("escape,enter,q", "close", "Back"),
     ]
-    DEFAULT_CSS = """
-    ProcessMetricsScreen > VerticalScroll { padding: 0 1; }
-    """
+    CSS_PATH = "screens.tcss"
 
     def __init__(self, ref: ProcessRef, state: StateSource) -> None:
         super().__init__()
