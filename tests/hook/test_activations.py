@@ -152,11 +152,16 @@ def test_split_at_peak_matches_memtracker(
     with anatomy.track(model, opt, publish=False, sample_every=2) as tracker:
         hk.train_steps(model, opt, 3, tracker, batch=batch)
         history = list(tracker.history)
-        snap = tracker.latest
-    assert snap is not None and snap.peak_bytes is not None and snap.memory_source == "glibc"
+        latest = tracker.latest
     for s in history:
         assert s.at_peak is not None and sum(v or 0 for v in s.at_peak.values()) == s.peak_bytes
-    assert snap.at_peak is not None and snap.at_peak_step == 1  # the trace of step 1, reused on step 2
+    # Step 2 shows step 1's trace again unless its heap readings rose >10% above the traced peak (glibc's
+    # figure counts every thread's allocations: on a loaded machine a reader or timer thread can do that);
+    # the trace itself is step 1's snapshot, compared with MemTracker below.
+    assert latest is not None and latest.at_peak_step in (1, 2)
+    (snap,) = [s for s in history if s.step == 1]
+    assert snap.peak_bytes is not None and snap.memory_source == "glibc"
+    assert snap.at_peak is not None and snap.at_peak_step == 1
     assert snap.peak_phase in phases
 
     peak = _memtracker_peak(model, opt, hk, batch)
