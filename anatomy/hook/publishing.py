@@ -57,6 +57,16 @@ class Channel:
             with self._guard(Feature.PUBLISH):
                 pub.publish(snap)
 
+    def publish_started(self, snap: Snapshot) -> None:
+        """``publish`` once the publisher runs: the per-step path, one call."""
+        pub = self.publisher
+        if pub is None or Feature.PUBLISH in self._guard.off:
+            return
+        try:
+            pub.publish(snap)
+        except Exception as exc:
+            self._guard.fail(Feature.PUBLISH, exc)
+
     def set_hello(self, hello: Hello) -> None:
         """The set-up changed: connected monitors get the new hello before the next snapshot."""
         if self.publisher is not None:

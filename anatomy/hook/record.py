@@ -137,6 +137,7 @@ class StepRecord:
     suspended: bool = False  # a step block ended without an update: the next block continues this step
     recall: bool = False  # a closure called again inside one optimizer step (LBFGS): no new micro-batch
     blocks: int = 1  # step blocks (tracker.step / begin_step) merged into this step
+    refresh: bool = False  # the schedule's re-sum of this step, decided once as it begins
 
 
 @dataclass(frozen=True, slots=True)

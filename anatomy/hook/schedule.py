@@ -24,7 +24,6 @@ charged too. A figure not re-measured on a step stands with the step it was meas
 
 from __future__ import annotations
 
-import statistics
 import time
 from collections import deque
 from collections.abc import Callable
@@ -65,7 +64,8 @@ class Budget:
         return self.fraction * (self._clock() - self.started)
 
     def allows(self, kind: str) -> bool:
-        return self.spent_s + self.cost.get(kind, 0.0) <= self.allowance_s()
+        # (allowance_s written out: asked on every step while the budget holds work back)
+        return self.spent_s + self.cost.get(kind, 0.0) <= self.fraction * (self._clock() - self.started)
 
 
 class Schedule:
@@ -91,9 +91,12 @@ class Schedule:
 
     def note_step_s(self, step_s: float) -> None:
         """An unprofiled step's duration (the median of the last few sets the pace of the schedule)."""
-        self._recent_step_s.append(step_s)
-        self.median_step_s = statistics.median(self._recent_step_s)
-        median = self.median_step_s
+        recent = self._recent_step_s
+        recent.append(step_s)
+        ordered = sorted(recent)  # (statistics.median, without its Python-level checks: this runs every step)
+        mid = len(ordered) // 2
+        median = ordered[mid] if len(ordered) % 2 else (ordered[mid - 1] + ordered[mid]) / 2
+        self.median_step_s = median
         self._per_interval = max(1, int(self.interval_s / median)) if median > 0 else 1
 
     def steps_per_interval(self) -> int:
@@ -106,12 +109,12 @@ class Schedule:
             return True
         if self.sample_due(index) or self.refresh_due(index):
             return True
-        return index - self.heap_step >= self.steps_per_interval() and self.budget.allows(HEAP)
+        return index - self.heap_step >= self._per_interval and self.budget.allows(HEAP)
 
     def look_due(self, index: int, looked_at: int) -> bool:
         """Walk the model's parameters for changes no hook sees (``p.data = ...``, ``requires_grad_``)?
         Once per publish interval at most, and only within the budget."""
-        return index - looked_at >= self.steps_per_interval() and self.budget.allows(LOOK)
+        return index - looked_at >= self._per_interval and self.budget.allows(LOOK)
 
     def sample_due(self, index: int) -> bool:
         """Never the first (warm-up) step; then the second one, so short runs see op groups too; then one
@@ -145,7 +148,7 @@ class Schedule:
         if already or first_steps or shape != self.input_shape:
             due = True
         else:
-            due = index - self.counted_step >= self.steps_per_interval() and self.budget.allows(COUNT)
+            due = index - self.counted_step >= self._per_interval and self.budget.allows(COUNT)
         if due:
             if shape != self.input_shape and not first_steps:
                 self.retrace = True

@@ -40,7 +40,7 @@ class Throughput:
         return len(self._pending_clocks)
 
     def step_finished(self, rec: StepRecord) -> None:
-        if self._guard.ok(Feature.TIMING):
+        if Feature.TIMING not in self._guard.off:
             self._pending_clocks.append((rec, rec.clock))
 
     def profile_finished(self, index: int, profiler: OpGroupProfiler) -> None:
@@ -48,10 +48,14 @@ class Throughput:
 
     def resolve(self) -> None:
         """Turn every clock and profile that completed into numbers (never waits)."""
-        with self._guard(Feature.TIMING):
-            self._resolve_clocks()
-        if not self._guard.ok(Feature.TIMING):
-            self._pending_clocks.clear()  # a device error: no clock of this run is to be trusted
+        clocks = self._pending_clocks
+        if clocks:
+            try:
+                self._resolve_clocks()
+            except Exception as exc:
+                self._guard.fail(Feature.TIMING, exc)
+            if Feature.TIMING in self._guard.off:
+                clocks.clear()  # a device error: no clock of this run is to be trusted
         pending = self._pending_profile
         if pending is None:
             return
@@ -72,7 +76,7 @@ class Throughput:
         clocks = self._pending_clocks
         while clocks:
             rec, clock = clocks[0]
-            step_s = clock.span() if clock.ready() else None
+            step_s = clock.span_if_ready()
             if step_s is None:
                 if len(clocks) > 64:  # a stream that never completes: drop the oldest
                     clocks.popleft()
@@ -101,7 +105,9 @@ class Throughput:
         if tokens is None and rec.tokens_seen:
             tokens = rec.tokens_seen
         step_s = d.step_s
-        self.timing = Timing(
+        # built every step: filled through its __dict__ (a frozen dataclass's __init__ costs a call a field)
+        timing = object.__new__(Timing)
+        timing.__dict__.update(
             step_s=step_s,
             forward_s=d.forward_s,
             backward_s=d.backward_s,
@@ -109,6 +115,7 @@ class Throughput:
             samples_per_s=samples / step_s if samples and step_s > 0 else None,
             tokens_per_s=tokens / step_s if tokens and step_s > 0 else None,
         )
+        self.timing = timing
         self.timing_step = rec.index
 
     def rates(

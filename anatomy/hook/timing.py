@@ -20,7 +20,7 @@ BACKWARD_END = "backward_end"  # a micro-batch's backward is done (gradient accu
 END = "end"
 
 
-@dataclass(frozen=True)
+@dataclass(slots=True)  # (not frozen: a frozen dataclass's __init__ costs a call per field, every step)
 class StepDurations:
     step_s: float
     forward_s: float | None
@@ -62,6 +62,13 @@ class StepClock:
             return True
         return bool(self._marks[-1][1].query())
 
+    def span_if_ready(self) -> float | None:
+        """``span()`` once ``ready()``, else None: one call on the per-step path."""
+        if not self._cuda:
+            marks = self._marks
+            return float(marks[-1][1] - marks[0][1]) if marks else None
+        return self.span() if self.ready() else None
+
     def span(self) -> float:
         """Seconds from the first mark to the last (call once ready)."""
         first, last = self._marks[0][1], self._marks[-1][1]
@@ -78,6 +85,8 @@ class StepClock:
     def durations(self) -> StepDurations | None:
         """None until ready. Backward is from each forward's end to the next forward, the optimizer
         step or the step's end (so it includes the loss and ``backward()`` of every micro-batch)."""
+        if not self._cuda:
+            return durations_from_marks(self._marks)  # (host times: read in place)
         if not self.ready():
             return None
         return durations_from_marks(self._seconds())
