@@ -12,7 +12,7 @@ from anatomy.hook.guard import Feature, Guard
 from anatomy.hook.opgroups import OpGroupProfiler
 from anatomy.hook.record import StepRecord
 from anatomy.hook.schedule import Schedule
-from anatomy.hook.timing import StepClock, StepDurations
+from anatomy.hook.timing import StepClock, durations_from_marks
 from anatomy.peaks import peak_flops
 from anatomy.protocol import OpGroupStat, Timing
 from anatomy.vocabulary import Precision
@@ -40,8 +40,19 @@ class Throughput:
         return len(self._pending_clocks)
 
     def step_finished(self, rec: StepRecord) -> None:
-        if Feature.TIMING not in self._guard.off:
-            self._pending_clocks.append((rec, rec.clock))
+        if Feature.TIMING in self._guard.off:
+            return
+        clock = rec.clock
+        if clock.cuda or self._pending_clocks:  # device times: read once the device has caught up
+            self._pending_clocks.append((rec, clock))
+            return
+        marks = clock.marks  # host times: readable now, no queue
+        if not marks:
+            return
+        self._ready = (rec, clock)
+        step_s = marks[-1][1] - marks[0][1]
+        if not rec.profiled and rec.index > 0 and step_s > 0:
+            self._schedule.note_step_s(step_s)
 
     def profile_finished(self, index: int, profiler: OpGroupProfiler) -> None:
         self._pending_profile = (index, profiler)
@@ -93,11 +104,9 @@ class Throughput:
         if ready is None:
             return
         rec, clock = ready
-        durations = clock.durations()
-        if durations is not None:
-            self._set_timing(rec, durations)
-
-    def _set_timing(self, rec: StepRecord, d: StepDurations) -> None:
+        d = clock.durations() if clock.cuda else durations_from_marks(clock.marks)
+        if d is None:
+            return
         samples = rec.samples if rec.samples is not None else self.default_samples
         if samples is None and rec.samples_seen:
             samples = rec.samples_seen

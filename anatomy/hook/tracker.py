@@ -174,18 +174,21 @@ def _first_tensor(args: tuple[Any, ...], kwargs: Mapping[str, Any]) -> torch.Ten
 
 
 class _StepContext:
-    __slots__ = ("_samples", "_tokens", "_tracker")
+    __slots__ = ("_entered", "_samples", "_tokens", "_tracker")
 
     def __init__(self, tracker: Tracker, samples: int | None, tokens: int | None) -> None:
         self._tracker = tracker
         self._samples = samples
         self._tokens = tokens
+        self._entered = False
 
     def __enter__(self) -> Tracker:
+        self._entered = True
         self._tracker.begin_step(samples=self._samples, tokens=self._tokens)
         return self._tracker
 
     def __exit__(self, exc_type: Any, exc: BaseException | None, tb: Any) -> Literal[False]:
+        self._entered = False
         self._tracker.end_step(exc)
         return False  # the user's exception, if any, propagates unchanged
 
@@ -293,6 +296,7 @@ class Tracker:
                 self._others.add(name, module)
         self._compile_safe = False  # the hooks are wrapped to run outside compiled frames
         self._compiled = CompileProbe(model)  # has anything been compiled since (asked every step)
+        self._context = _StepContext(self, None, None)  # what step() returns, reused
         if not enabled:
             return
         with self._guard(Feature.SETUP):
@@ -593,7 +597,11 @@ class Tracker:
         """Context manager around one optimizer step (all its micro-batches)."""
         if not self.enabled or self._closed:
             return _NullContext(self)
-        return _StepContext(self, samples, tokens)
+        ctx = self._context  # one, reused: its values are read as it is entered
+        if ctx._entered:  # (a step inside a step: its own)
+            return _StepContext(self, samples, tokens)
+        ctx._samples, ctx._tokens = samples, tokens
+        return ctx
 
     def begin_step(self, samples: int | None = None, tokens: int | None = None) -> None:
         """A step block begins. Blocks in which no optimizer updates (gradient accumulation, a skipped
