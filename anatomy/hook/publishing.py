@@ -50,18 +50,13 @@ class Channel:
         return self.publisher
 
     def publish(self, snap: Snapshot, hello: Hello) -> None:
-        if not self.enabled or not self._guard.ok(Feature.PUBLISH):
+        if not self.enabled or Feature.PUBLISH in self._guard.off:
             return
-        pub = self._ready(hello)
-        if pub is not None:
-            with self._guard(Feature.PUBLISH):
-                pub.publish(snap)
-
-    def publish_started(self, snap: Snapshot) -> None:
-        """``publish`` once the publisher runs: the per-step path, one call."""
-        pub = self.publisher
-        if pub is None or Feature.PUBLISH in self._guard.off:
-            return
+        pub = self.publisher  # (every step: the started publisher without a call to look it up)
+        if pub is None:
+            pub = self._ready(hello)
+            if pub is None:
+                return
         try:
             pub.publish(snap)
         except Exception as exc:

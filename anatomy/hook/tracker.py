@@ -1426,11 +1426,7 @@ class Tracker:
         if self._hello_stale:  # the set-up changed: the monitor learns it before this step
             self._hello_stale = False
             self._channel.set_hello(self.hello)
-        channel = self._channel
-        if channel.publisher is not None:  # (the hello is only for the first snapshot, which starts it)
-            channel.publish_started(snap)
-        else:
-            channel.publish(snap, self.hello)
+        self._channel.publish(snap, self.hello)
 
     def _write_oom(self, exc: BaseException) -> Path | None:
         """The last snapshot, with the error text, to the OOM file. Never raises."""
