@@ -277,6 +277,7 @@ class Snapshot:
     at_peak: dict[str, int | None] | None = None
     at_peak_step: int | None = None  # the step whose per-op trace gave the at-peak split
     trainable_parameter_count: int | None = None  # version 3: the divisor of gradients and optimizer states
+    activations_step: int | None = None  # optional: the step whose saved tensors gave ``activations``
     protocol: int = PROTOCOL_VERSION
     type: str = "snapshot"
 
@@ -545,6 +546,7 @@ def _snapshot_from(d: Mapping[str, Any]) -> Snapshot:
         at_peak=at_peak,
         at_peak_step=_req(d, "at_peak_step", int, nullable=True),
         trainable_parameter_count=_req(d, "trainable_parameter_count", int, nullable=True),
+        activations_step=_req(d, "activations_step", int, nullable=True),
     )
 
 

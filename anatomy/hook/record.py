@@ -169,6 +169,7 @@ class MemoryResult:
     batch: int | None = None
     at_peak: dict[str, int | None] | None = None
     at_peak_step: int | None = None
+    activations_step: int | None = None  # the step whose saved tensors were counted
 
 
 @dataclass(slots=True)

@@ -1210,7 +1210,10 @@ class Tracker:
                 parts.optimizer_states if self._optimizer is not None else 0
             )
         memory[Component.GRADIENTS.value] = parts.gradients if guard.ok(Feature.GRADIENTS) else None
+        counted = None  # counted less often than every step: the figure says which step it is from
         if guard.ok(Feature.ACTIVATIONS) and parts.activations_known:
+            counted = rec.index if rec.activations is not None else self._schedule.counted_step
+            counted = counted if counted >= 0 else None
             memory[Component.ACTIVATIONS.value] = parts.activations
             memory[Component.INPUTS.value] = parts.inputs or None  # a row only where there are some
             unsharded = rec.unsharded if rec.activations is not None else self._sums.unsharded
@@ -1227,7 +1230,13 @@ class Tracker:
         backend = self._memory
         split = backend.peak(rec, parts) if backend is not None else None
         if backend is None or split is None:
-            return MemoryResult(step=rec.index, memory=memory, micro=rec.micro, batch=self._batch_size(rec))
+            return MemoryResult(
+                step=rec.index,
+                memory=memory,
+                micro=rec.micro,
+                batch=self._batch_size(rec),
+                activations_step=counted,
+            )
         memory[Component.TEMPORARIES.value] = split.temporaries
         runtime = backend.runtime
         pre = divide_preexisting(
@@ -1264,6 +1273,7 @@ class Tracker:
             batch=self._batch_size(rec),
             at_peak=at_peak if named else None,
             at_peak_step=split.at_peak_step if named else None,
+            activations_step=counted,
         )
 
     def _batch_size(self, rec: StepRecord) -> int | None:
@@ -1390,6 +1400,7 @@ class Tracker:
             batch_size=result.batch,
             at_peak=result.at_peak,
             at_peak_step=result.at_peak_step,
+            activations_step=result.activations_step,
         )
         # Every finished step is built and published; the advisor, the costliest part, runs once per
         # publish interval (and for an OOM record) and its suggestions stand in between.
