@@ -138,6 +138,7 @@ class StepRecord:
     recall: bool = False  # a closure called again inside one optimizer step (LBFGS): no new micro-batch
     blocks: int = 1  # step blocks (tracker.step / begin_step) merged into this step
     refresh: bool = False  # the schedule's re-sum of this step, decided once as it begins
+    quiet: bool = False  # nothing is due on this step by the step count (Schedule.quiet_until)
 
 
 @dataclass(frozen=True, slots=True)

@@ -63,6 +63,13 @@ class Budget:
     def allowance_s(self) -> float:
         return self.fraction * (self._clock() - self.started)
 
+    def wait_s(self, kind: str) -> float:
+        """Seconds of training until ``allows(kind)``, if nothing else is charged meanwhile."""
+        if self.fraction <= 0:
+            return float("inf")
+        need = (self.spent_s + self.cost.get(kind, 0.0)) / self.fraction
+        return max(need - (self._clock() - self.started), 0.0)
+
     def allows(self, kind: str) -> bool:
         # (allowance_s written out: asked on every step while the budget holds work back)
         return self.spent_s + self.cost.get(kind, 0.0) <= self.fraction * (self._clock() - self.started)
@@ -101,6 +108,35 @@ class Schedule:
 
     def steps_per_interval(self) -> int:
         return self._per_interval
+
+    def quiet_until(self, index: int, looked_at: int) -> int:
+        """The first step from ``index`` on at which a heap read, a saved-tensor count, a look at the
+        parameters, a re-sum or a sampled step can fall due by the step count: the steps before it are
+        ordinary, and the tracker takes that from one compare as each begins. (A new input shape and a
+        change the hooks saw are looked for on every step all the same.)"""
+        if index < WARMUP_REFRESH_STEPS or self.heap_step is None:
+            return index
+        per = self._per_interval
+        due = min(
+            self._affordable(index, self.heap_step + per, HEAP),
+            self._affordable(index, self.counted_step + per, COUNT),
+            self._affordable(index, looked_at + per, LOOK),
+        )
+        every = self.sample_every
+        if every > 0:
+            due = min(due, -(-index // every) * every)  # the next re-sum and sampled step
+            if self._sample_owed:  # a sampled step waiting for the budget
+                due = min(due, self._affordable(index, index, SAMPLED))
+        return due
+
+    def _affordable(self, index: int, due: int, kind: str) -> int:
+        """``due``, or where that has passed and the budget holds the work back, the step by which the
+        budget will have room for it at the current pace (then the usual checks decide)."""
+        step_s = self.median_step_s
+        if due > index or step_s <= 0:
+            return due
+        wait = self.budget.wait_s(kind)
+        return index + int(min(wait / step_s, 1e6)) if wait > 0 else index
 
     def heap_due(self, index: int) -> bool:
         """Read the heap at this step's boundaries (CPU)? In steady state each step's readings repeat

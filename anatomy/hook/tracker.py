@@ -253,6 +253,7 @@ class Tracker:
         # Further optimizers stepped in the same training step (a GAN's generator and discriminator).
         self._extra_optimizers: list[weakref.ref[Any]] = []
         self._forced_refresh = -1  # a step whose sums are re-taken whatever the schedule (a change)
+        self._quiet_until = 0  # steps before this one are ordinary (Schedule.quiet_until)
         self._looked_at = 0  # the last step that compared the model's parameters in full
         self._kind_of: tuple[Any, OptimizerKind] | None = None
         self._hello_stale = False  # the hello changed since the publisher last got it
@@ -522,7 +523,7 @@ class Tracker:
             return self._others.tensors()
         return []
 
-    def _model_changed(self, index: int) -> bool:
+    def _model_changed(self, index: int, quiet: bool = False) -> bool:
         """The model's parameters changed since the last look (cheap: see anatomy.hook.changes)."""
         if Feature.CHANGES in self._guard.off:
             return False
@@ -538,7 +539,7 @@ class Tracker:
                 if data is None and storage_key(probe) != self._probe_ptr:
                     return True
             watch = self._model_watch
-            if not self._schedule.look_due(index, self._looked_at):
+            if quiet or not self._schedule.look_due(index, self._looked_at):
                 return watch.suspect and watch.changed(self.model, look=False)
             self._looked_at = index
             began = time.perf_counter()
@@ -632,8 +633,13 @@ class Tracker:
         try:
             index = self._steps_done
             sched = self._schedule
-            if self._model_changed(index):  # a new head, an untied embedding, .to(): all sums anew
+            # One compare says whether anything can be due by the step count (an ordinary step: none of
+            # the schedule's checks); a change the hooks saw, or a re-sum forced, is not ordinary.
+            quiet = index < self._quiet_until and index != self._forced_refresh
+            quiet = quiet and not self._model_watch.suspect
+            if self._model_changed(index, quiet):  # a new head, an untied embedding, .to(): all sums anew
                 self._forced_refresh = index
+                quiet = False
             clock = StepClock(cuda=self._cuda_events and Feature.TIMING not in off)
             rec = StepRecord(index, auto, samples, tokens, clock)
             self._step = rec
@@ -644,20 +650,21 @@ class Tracker:
             rec.grads_begin = sums.gradients if probe is not None and probe.grad is not None else 0
             if self._zero_ref is not None:  # DeepSpeed's buffers, not param.grad: as last measured at a start
                 rec.grads_begin = self._zero_grads_begin
-            rec.refresh = sched.refresh_due(index) or index == self._forced_refresh
+            rec.quiet = quiet
+            rec.refresh = not quiet and (sched.refresh_due(index) or index == self._forced_refresh)
             if rec.refresh:
                 began = time.perf_counter()
                 self._refresh_weights()
                 rec.grads_begin = sums.gradients = self._gradient_bytes()
                 self._zero_grads_begin = rec.grads_begin
                 sched.budget.charge(REFRESH, time.perf_counter() - began)
-            rec.heap_on = sched.heap_due(index)
+            rec.heap_on = not quiet and sched.heap_due(index)
             memory = self._memory
             if rec.heap_on and memory is not None:  # (a step that does not read the heap reads nothing)
                 memory.read_start(rec)
             if Feature.TIMING not in off:
                 clock.mark(BEGIN)
-            if sched.sample_due(index):
+            if not quiet and sched.sample_due(index):
                 rec.began_s = time.perf_counter()
                 if self._guard.ok(Feature.OP_GROUPS):
                     self._start_profiler(rec)
@@ -760,6 +767,8 @@ class Tracker:
         groups_step = throughput.op_groups_step
         throughput.resolve()
         self._last_rec = rec
+        if self._steps_done >= self._quiet_until:  # (the steps per interval: as of this step's time)
+            self._quiet_until = self._schedule.quiet_until(self._steps_done, self._looked_at)
         if due or exc is not None or groups_step != throughput.op_groups_step or not self._repeat(rec):
             self._build()
         if exc is None:  # every finished step goes to the publisher (latest-only, O(1))
@@ -929,7 +938,9 @@ class Tracker:
                 if x.dim() >= 2 and not x.is_floating_point():
                     rec.tokens_seen += int(x.numel())
             if Feature.ACTIVATIONS not in off:
-                rec.counting = self._schedule.count_due(rec.index, shape, rec.counting)
+                sched = self._schedule
+                if not rec.quiet or rec.counting or shape != sched.input_shape:
+                    rec.counting = sched.count_due(rec.index, shape, rec.counting)
                 count = rec.counting or rec.trace is not None
             if count or rec.heap_on:  # autocast is looked for on the steps that measure (~10 µs cold)
                 ac = active_autocast_dtype(self._device.type if self._device is not None else "cpu")
