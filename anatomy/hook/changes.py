@@ -50,7 +50,7 @@ class ModelWatch:
     def __init__(self, model: torch.nn.Module) -> None:
         self._module_ids: frozenset[int] = frozenset()
         self.signature: Signature = ()
-        self._suspect = False
+        self.suspect = False
         self._handles = [
             register_module_parameter_registration_hook(self._registered),
             register_module_module_registration_hook(self._registered),
@@ -59,19 +59,19 @@ class ModelWatch:
 
     def _registered(self, module: torch.nn.Module, name: str, value: Any) -> None:
         if id(module) in self._module_ids:
-            self._suspect = True  # returning None: the registration goes on unchanged
+            self.suspect = True  # returning None: the registration goes on unchanged
 
     def remember(self, model: torch.nn.Module) -> None:
         self._module_ids = frozenset(id(m) for m in model.modules())
         self.signature = model_signature(model)
-        self._suspect = False
+        self.suspect = False
 
     def changed(self, model: torch.nn.Module, look: bool) -> bool:
         """Did the model's parameters change? Walks them only after a registration on one of the
         model's modules, or when ``look`` (once per publish interval)."""
-        if not (self._suspect or look):
+        if not (self.suspect or look):
             return False
-        self._suspect = False
+        self.suspect = False
         return not same_signature(model, self.signature)
 
     def close(self) -> None:

@@ -34,6 +34,28 @@ def outside_compile(fn: F) -> F:
     return torch._dynamo.disable(fn)  # type: ignore[no-any-return]
 
 
+class CompileProbe:
+    """``compile_in_use(model)`` for a model known not to be an ``OptimizedModule``, cheap enough to ask at
+    every step boundary: Dynamo's frame counters and the model's ``__dict__`` looked up once."""
+
+    __slots__ = ("_counters", "_model_dict")
+
+    def __init__(self, model: torch.nn.Module) -> None:
+        self._model_dict = model.__dict__  # where ``model.compile()`` puts its ``_compiled_call_impl``
+        self._counters: Any = None
+
+    def __call__(self) -> bool:
+        counters = self._counters
+        if counters is None:
+            dynamo = sys.modules.get("torch._dynamo")
+            if dynamo is None:
+                return False
+            counters = self._counters = dynamo.utils.counters  # (cleared by a reset, never replaced)
+        if self._model_dict.get("_compiled_call_impl") is not None:
+            return True
+        return bool(counters["frames"].get("ok"))
+
+
 def compile_in_use(model: torch.nn.Module) -> bool:
     """The model, one of its modules, or anything in the process was compiled."""
     if not dynamo_loaded():
@@ -41,4 +63,4 @@ def compile_in_use(model: torch.nn.Module) -> bool:
     if type(model).__name__ == "OptimizedModule" or getattr(model, "_compiled_call_impl", None) is not None:
         return True
     counters = sys.modules["torch._dynamo"].utils.counters
-    return bool(counters["frames"]["ok"])
+    return bool(counters["frames"].get("ok"))  # (asked every step: .get, not Counter's __missing__)

@@ -5,6 +5,10 @@ Every part of the hook that can fail is a :class:`Feature`. Code that measures r
 snapshot's ``error`` field, and turns that feature off: from then on its figures are None (unmeasured),
 never a guess, and the training loop never sees the exception. Only ``Exception`` is caught:
 ``KeyboardInterrupt``/``SystemExit`` pass through as they would without the hook.
+
+The hook's per-step path, where every call counts, writes the same contract out by hand: ``try:`` …
+``except Exception as exc: guard.fail(Feature.X, exc)`` around a hook's whole bookkeeping, and
+``Feature.X not in guard.off`` for ``guard.ok(Feature.X)``.
 """
 
 from __future__ import annotations
@@ -68,7 +72,8 @@ class Guard:
 
     def __init__(self) -> None:
         self._errors: dict[Feature, str] = {}
-        self._off: set[Feature] = set()
+        # what is off: read directly on the hot path (``Feature.X not in guard.off``: no call)
+        self.off: set[Feature] = set()
         self._sections = {f: _Section(self, f) for f in Feature}
         self.version = 0  # counts changes to what is off and why (a snapshot's error text)
 
@@ -87,14 +92,14 @@ class Guard:
         return guarded
 
     def ok(self, feature: Feature) -> bool:
-        return feature not in self._off
+        return feature not in self.off
 
     def all_ok(self, *features: Feature) -> bool:
-        return not any(f in self._off for f in features)
+        return not any(f in self.off for f in features)
 
     def fail(self, feature: Feature, exc: BaseException) -> None:
         """Log once per feature, remember why, and stop measuring it."""
-        self._off.add(feature)
+        self.off.add(feature)
         self.version += 1
         if feature in self._errors:
             return
@@ -111,7 +116,7 @@ class Guard:
     def turn_off(self, feature: Feature, reason: str | None = None) -> None:
         """Stop measuring ``feature`` without an exception (unavailable here); ``reason`` goes to the
         snapshot's error text."""
-        self._off.add(feature)
+        self.off.add(feature)
         self.version += 1
         if reason is not None:
             self._errors.setdefault(feature, f"{feature.value}: {reason}"[:MAX_TEXT])

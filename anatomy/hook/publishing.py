@@ -50,12 +50,17 @@ class Channel:
         return self.publisher
 
     def publish(self, snap: Snapshot, hello: Hello) -> None:
-        if not self.enabled or not self._guard.ok(Feature.PUBLISH):
+        if not self.enabled or Feature.PUBLISH in self._guard.off:
             return
-        pub = self._ready(hello)
-        if pub is not None:
-            with self._guard(Feature.PUBLISH):
-                pub.publish(snap)
+        pub = self.publisher  # (every step: the started publisher without a call to look it up)
+        if pub is None:
+            pub = self._ready(hello)
+            if pub is None:
+                return
+        try:
+            pub.publish(snap)
+        except Exception as exc:
+            self._guard.fail(Feature.PUBLISH, exc)
 
     def set_hello(self, hello: Hello) -> None:
         """The set-up changed: connected monitors get the new hello before the next snapshot."""

@@ -129,6 +129,8 @@ class StepRecord:
     suspended: bool = False  # a step block ended without an update: the next block continues this step
     recall: bool = False  # a closure called again inside one optimizer step (LBFGS): no new micro-batch
     blocks: int = 1  # step blocks (tracker.step / begin_step) merged into this step
+    refresh: bool = False  # the schedule's re-sum of this step, decided once as it begins
+    quiet: bool = False  # nothing is due on this step by the step count (Schedule.quiet_until)
 
 
 @dataclass(frozen=True, slots=True)
@@ -160,6 +162,7 @@ class MemoryResult:
     batch: int | None = None
     at_peak: dict[str, int | None] | None = None
     at_peak_step: int | None = None
+    activations_step: int | None = None  # the step whose saved tensors were counted
 
 
 @dataclass(slots=True)

@@ -203,6 +203,7 @@ class SavedTensorCounter:
             False  # a reentrant checkpoint saved its inputs since the last look at its nodes
         )
         self._pushed: _PackPair | None = None  # our pair, while on torch's stack
+        self.active = False  # ``_pushed is not None``, as a plain attribute: the tracker asks every step
         self._open = False  # may stay pushed after the forward (no user pair below ours)
         # Off except on the sampled step that traces memory per op (a weak reference per saved tensor).
         self.track_alive = False
@@ -228,11 +229,6 @@ class SavedTensorCounter:
     def set_inputs(self, keys: frozenset[int]) -> None:
         """Storages of the forward's inputs: they existed before the step."""
         self._input_keys = keys
-
-    @property
-    def active(self) -> bool:
-        """Our pair is on torch's stack (counting or not)."""
-        return self._pushed is not None
 
     @property
     def activation_bytes(self) -> int:
@@ -491,6 +487,7 @@ class SavedTensorCounter:
         pair = self._pair(user)
         torch._C._autograd._push_saved_tensors_default_hooks(*pair)
         self._pushed = pair
+        self.active = True
         self._open = keep_open and user is None
         self.counting = True
         return True
@@ -514,6 +511,7 @@ class SavedTensorCounter:
         if self._pushed is not None and self._on_top():
             torch._C._autograd._pop_saved_tensors_default_hooks()
             self._pushed = None
+            self.active = False
             self._open = False
 
     def __enter__(self) -> SavedTensorCounter:

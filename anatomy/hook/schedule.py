@@ -24,7 +24,6 @@ charged too. A figure not re-measured on a step stands with the step it was meas
 
 from __future__ import annotations
 
-import statistics
 import time
 from collections import deque
 from collections.abc import Callable
@@ -64,8 +63,16 @@ class Budget:
     def allowance_s(self) -> float:
         return self.fraction * (self._clock() - self.started)
 
+    def wait_s(self, kind: str) -> float:
+        """Seconds of training until ``allows(kind)``, if nothing else is charged meanwhile."""
+        if self.fraction <= 0:
+            return float("inf")
+        need = (self.spent_s + self.cost.get(kind, 0.0)) / self.fraction
+        return max(need - (self._clock() - self.started), 0.0)
+
     def allows(self, kind: str) -> bool:
-        return self.spent_s + self.cost.get(kind, 0.0) <= self.allowance_s()
+        # (allowance_s written out: asked on every step while the budget holds work back)
+        return self.spent_s + self.cost.get(kind, 0.0) <= self.fraction * (self._clock() - self.started)
 
 
 class Schedule:
@@ -91,13 +98,45 @@ class Schedule:
 
     def note_step_s(self, step_s: float) -> None:
         """An unprofiled step's duration (the median of the last few sets the pace of the schedule)."""
-        self._recent_step_s.append(step_s)
-        self.median_step_s = statistics.median(self._recent_step_s)
-        median = self.median_step_s
+        recent = self._recent_step_s
+        recent.append(step_s)
+        ordered = sorted(recent)  # (statistics.median, without its Python-level checks: this runs every step)
+        mid = len(ordered) // 2
+        median = ordered[mid] if len(ordered) % 2 else (ordered[mid - 1] + ordered[mid]) / 2
+        self.median_step_s = median
         self._per_interval = max(1, int(self.interval_s / median)) if median > 0 else 1
 
     def steps_per_interval(self) -> int:
         return self._per_interval
+
+    def quiet_until(self, index: int, looked_at: int) -> int:
+        """The first step from ``index`` on at which a heap read, a saved-tensor count, a look at the
+        parameters, a re-sum or a sampled step can fall due by the step count: the steps before it are
+        ordinary, and the tracker takes that from one compare as each begins. (A new input shape and a
+        change the hooks saw are looked for on every step all the same.)"""
+        if index < WARMUP_REFRESH_STEPS or self.heap_step is None:
+            return index
+        per = self._per_interval
+        due = min(
+            self._affordable(index, self.heap_step + per, HEAP),
+            self._affordable(index, self.counted_step + per, COUNT),
+            self._affordable(index, looked_at + per, LOOK),
+        )
+        every = self.sample_every
+        if every > 0:
+            due = min(due, -(-index // every) * every)  # the next re-sum and sampled step
+            if self._sample_owed:  # a sampled step waiting for the budget
+                due = min(due, self._affordable(index, index, SAMPLED))
+        return due
+
+    def _affordable(self, index: int, due: int, kind: str) -> int:
+        """``due``, or where that has passed and the budget holds the work back, the step by which the
+        budget will have room for it at the current pace (then the usual checks decide)."""
+        step_s = self.median_step_s
+        if due > index or step_s <= 0:
+            return due
+        wait = self.budget.wait_s(kind)
+        return index + int(min(wait / step_s, 1e6)) if wait > 0 else index
 
     def heap_due(self, index: int) -> bool:
         """Read the heap at this step's boundaries (CPU)? In steady state each step's readings repeat
@@ -106,12 +145,12 @@ class Schedule:
             return True
         if self.sample_due(index) or self.refresh_due(index):
             return True
-        return index - self.heap_step >= self.steps_per_interval() and self.budget.allows(HEAP)
+        return index - self.heap_step >= self._per_interval and self.budget.allows(HEAP)
 
     def look_due(self, index: int, looked_at: int) -> bool:
         """Walk the model's parameters for changes no hook sees (``p.data = ...``, ``requires_grad_``)?
         Once per publish interval at most, and only within the budget."""
-        return index - looked_at >= self.steps_per_interval() and self.budget.allows(LOOK)
+        return index - looked_at >= self._per_interval and self.budget.allows(LOOK)
 
     def sample_due(self, index: int) -> bool:
         """Never the first (warm-up) step; then the second one, so short runs see op groups too; then one
@@ -145,7 +184,7 @@ class Schedule:
         if already or first_steps or shape != self.input_shape:
             due = True
         else:
-            due = index - self.counted_step >= self.steps_per_interval() and self.budget.allows(COUNT)
+            due = index - self.counted_step >= self._per_interval and self.budget.allows(COUNT)
         if due:
             if shape != self.input_shape and not first_steps:
                 self.retrace = True

@@ -12,7 +12,7 @@ from anatomy.hook.guard import Feature, Guard
 from anatomy.hook.opgroups import OpGroupProfiler
 from anatomy.hook.record import StepRecord
 from anatomy.hook.schedule import Schedule
-from anatomy.hook.timing import StepClock, StepDurations
+from anatomy.hook.timing import StepClock, durations_from_marks
 from anatomy.peaks import peak_flops
 from anatomy.protocol import OpGroupStat, Timing
 from anatomy.vocabulary import Precision
@@ -40,18 +40,33 @@ class Throughput:
         return len(self._pending_clocks)
 
     def step_finished(self, rec: StepRecord) -> None:
-        if self._guard.ok(Feature.TIMING):
-            self._pending_clocks.append((rec, rec.clock))
+        if Feature.TIMING in self._guard.off:
+            return
+        clock = rec.clock
+        if clock.cuda or self._pending_clocks:  # device times: read once the device has caught up
+            self._pending_clocks.append((rec, clock))
+            return
+        marks = clock.marks  # host times: readable now, no queue
+        if not marks:
+            return
+        self._ready = (rec, clock)
+        step_s = marks[-1][1] - marks[0][1]
+        if not rec.profiled and rec.index > 0 and step_s > 0:
+            self._schedule.note_step_s(step_s)
 
     def profile_finished(self, index: int, profiler: OpGroupProfiler) -> None:
         self._pending_profile = (index, profiler)
 
     def resolve(self) -> None:
         """Turn every clock and profile that completed into numbers (never waits)."""
-        with self._guard(Feature.TIMING):
-            self._resolve_clocks()
-        if not self._guard.ok(Feature.TIMING):
-            self._pending_clocks.clear()  # a device error: no clock of this run is to be trusted
+        clocks = self._pending_clocks
+        if clocks:
+            try:
+                self._resolve_clocks()
+            except Exception as exc:
+                self._guard.fail(Feature.TIMING, exc)
+            if Feature.TIMING in self._guard.off:
+                clocks.clear()  # a device error: no clock of this run is to be trusted
         pending = self._pending_profile
         if pending is None:
             return
@@ -72,7 +87,7 @@ class Throughput:
         clocks = self._pending_clocks
         while clocks:
             rec, clock = clocks[0]
-            step_s = clock.span() if clock.ready() else None
+            step_s = clock.span_if_ready()
             if step_s is None:
                 if len(clocks) > 64:  # a stream that never completes: drop the oldest
                     clocks.popleft()
@@ -89,11 +104,9 @@ class Throughput:
         if ready is None:
             return
         rec, clock = ready
-        durations = clock.durations()
-        if durations is not None:
-            self._set_timing(rec, durations)
-
-    def _set_timing(self, rec: StepRecord, d: StepDurations) -> None:
+        d = clock.durations() if clock.cuda else durations_from_marks(clock.marks)
+        if d is None:
+            return
         samples = rec.samples if rec.samples is not None else self.default_samples
         if samples is None and rec.samples_seen:
             samples = rec.samples_seen
@@ -101,7 +114,9 @@ class Throughput:
         if tokens is None and rec.tokens_seen:
             tokens = rec.tokens_seen
         step_s = d.step_s
-        self.timing = Timing(
+        # built every step: filled through its __dict__ (a frozen dataclass's __init__ costs a call a field)
+        timing = object.__new__(Timing)
+        timing.__dict__.update(
             step_s=step_s,
             forward_s=d.forward_s,
             backward_s=d.backward_s,
@@ -109,6 +124,7 @@ class Throughput:
             samples_per_s=samples / step_s if samples and step_s > 0 else None,
             tokens_per_s=tokens / step_s if tokens and step_s > 0 else None,
         )
+        self.timing = timing
         self.timing_step = rec.index
 
     def rates(

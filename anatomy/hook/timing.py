@@ -20,7 +20,7 @@ BACKWARD_END = "backward_end"  # a micro-batch's backward is done (gradient accu
 END = "end"
 
 
-@dataclass(frozen=True)
+@dataclass(slots=True)  # (not frozen: a frozen dataclass's __init__ costs a call per field, every step)
 class StepDurations:
     step_s: float
     forward_s: float | None
@@ -29,13 +29,13 @@ class StepDurations:
 
 
 class StepClock:
-    """The marks of one step, in the order they happened."""
+    """The marks of one step, in the order they happened (``marks``: (kind, time or CUDA event))."""
 
-    __slots__ = ("_cuda", "_events", "_marks")
+    __slots__ = ("_events", "cuda", "marks")
 
     def __init__(self, cuda: bool = False) -> None:
-        self._cuda = cuda
-        self._marks: list[tuple[str, Any]] = []
+        self.cuda = cuda
+        self.marks: list[tuple[str, Any]] = []
         self._events: Any = None
         if cuda:
             import torch
@@ -43,41 +43,50 @@ class StepClock:
             self._events = torch.cuda.Event
 
     def mark(self, kind: str) -> None:
-        if self._cuda:
+        if self.cuda:
             ev = self._events(enable_timing=True)
             ev.record()
-            self._marks.append((kind, ev))
+            self.marks.append((kind, ev))
         else:
-            self._marks.append((kind, time.perf_counter()))
+            self.marks.append((kind, time.perf_counter()))
 
     @property
     def kinds(self) -> list[str]:
-        return [k for k, _ in self._marks]
+        return [k for k, _ in self.marks]
 
     def ready(self) -> bool:
         """True once every mark can be read without waiting."""
-        if not self._marks:
+        if not self.marks:
             return False
-        if not self._cuda:
+        if not self.cuda:
             return True
-        return bool(self._marks[-1][1].query())
+        return bool(self.marks[-1][1].query())
+
+    def span_if_ready(self) -> float | None:
+        """``span()`` once ``ready()``, else None: one call on the per-step path."""
+        if not self.cuda:
+            marks = self.marks
+            return float(marks[-1][1] - marks[0][1]) if marks else None
+        return self.span() if self.ready() else None
 
     def span(self) -> float:
         """Seconds from the first mark to the last (call once ready)."""
-        first, last = self._marks[0][1], self._marks[-1][1]
-        if not self._cuda:
+        first, last = self.marks[0][1], self.marks[-1][1]
+        if not self.cuda:
             return float(last - first)
         return float(first.elapsed_time(last)) / 1000.0
 
     def _seconds(self) -> list[tuple[str, float]]:
-        if not self._cuda:
-            return list(self._marks)
-        first = self._marks[0][1]
-        return [(k, 0.0 if ev is first else first.elapsed_time(ev) / 1000.0) for k, ev in self._marks]
+        if not self.cuda:
+            return list(self.marks)
+        first = self.marks[0][1]
+        return [(k, 0.0 if ev is first else first.elapsed_time(ev) / 1000.0) for k, ev in self.marks]
 
     def durations(self) -> StepDurations | None:
         """None until ready. Backward is from each forward's end to the next forward, the optimizer
         step or the step's end (so it includes the loss and ``backward()`` of every micro-batch)."""
+        if not self.cuda:
+            return durations_from_marks(self.marks)  # (host times: read in place)
         if not self.ready():
             return None
         return durations_from_marks(self._seconds())

@@ -45,7 +45,7 @@ from anatomy import advisor
 from anatomy.hook import zero as zero_opt
 from anatomy.hook.backend import CudaBackend, HeapBackend, MemoryBackend
 from anatomy.hook.changes import ModelWatch, OptimizerWatch
-from anatomy.hook.compiled import compile_in_use, outside_compile
+from anatomy.hook.compiled import CompileProbe, compile_in_use, outside_compile
 from anatomy.hook.cuda import CudaAllocator
 from anatomy.hook.detect import active_autocast_dtype, detect_optimizer, detect_precision, is_oom
 from anatomy.hook.distributed import Buckets, communication_bytes, ddp_buckets
@@ -174,18 +174,21 @@ def _first_tensor(args: tuple[Any, ...], kwargs: Mapping[str, Any]) -> torch.Ten
 
 
 class _StepContext:
-    __slots__ = ("_samples", "_tokens", "_tracker")
+    __slots__ = ("_entered", "_samples", "_tokens", "_tracker")
 
     def __init__(self, tracker: Tracker, samples: int | None, tokens: int | None) -> None:
         self._tracker = tracker
         self._samples = samples
         self._tokens = tokens
+        self._entered = False
 
     def __enter__(self) -> Tracker:
+        self._entered = True
         self._tracker.begin_step(samples=self._samples, tokens=self._tokens)
         return self._tracker
 
     def __exit__(self, exc_type: Any, exc: BaseException | None, tb: Any) -> Literal[False]:
+        self._entered = False
         self._tracker.end_step(exc)
         return False  # the user's exception, if any, propagates unchanged
 
@@ -250,6 +253,7 @@ class Tracker:
         # Further optimizers stepped in the same training step (a GAN's generator and discriminator).
         self._extra_optimizers: list[weakref.ref[Any]] = []
         self._forced_refresh = -1  # a step whose sums are re-taken whatever the schedule (a change)
+        self._quiet_until = 0  # steps before this one are ordinary (Schedule.quiet_until)
         self._looked_at = 0  # the last step that compared the model's parameters in full
         self._kind_of: tuple[Any, OptimizerKind] | None = None
         self._hello_stale = False  # the hello changed since the publisher last got it
@@ -292,6 +296,8 @@ class Tracker:
             if isinstance(module, torch.nn.Module):
                 self._others.add(name, module)
         self._compile_safe = False  # the hooks are wrapped to run outside compiled frames
+        self._compiled = CompileProbe(model)  # has anything been compiled since (asked every step)
+        self._context = _StepContext(self, None, None)  # what step() returns, reused
         if not enabled:
             return
         with self._guard(Feature.SETUP):
@@ -306,6 +312,7 @@ class Tracker:
         self._counter = SavedTensorCounter()
         self._probe_ref: weakref.ref[torch.Tensor] | None = None  # one parameter, watched every step
         self._probe_ptr = 0
+        self._probe_data: int | None = None
         self._model_watch = ModelWatch(model)
         self._optimizer_watch = OptimizerWatch(
             self.attach_optimizer, lambda fn: outside_compile(self._guard.wrap(Feature.OPTIMIZER, fn))
@@ -369,7 +376,7 @@ class Tracker:
     def _keep_out_of_compile(self) -> None:
         """Something was compiled since the hooks were registered (the wrapper costs ~0.5 µs a call, so
         it is not there before): wrap them now, at a step boundary, before a compiled frame traces them."""
-        if self._compile_safe or not compile_in_use(self.model):
+        if self._compile_safe or not self._compiled():
             return
         with self._guard(Feature.SETUP):
             self._register_model_hooks()
@@ -456,8 +463,10 @@ class Tracker:
         zero = self._zero
         return zero_opt.buckets(zero) if zero is not None else None
 
-    def _refresh_due(self, index: int) -> bool:
-        return self._schedule.refresh_due(index) or index == self._forced_refresh
+    def _refreshes(self, rec: StepRecord) -> bool:
+        """Are the sums re-taken on this step? The schedule's answer, taken as the step began, or a change
+        seen since (a new optimizer, another model)."""
+        return rec.refresh or rec.index == self._forced_refresh
 
     def _refresh_weights(self) -> None:
         """Re-sum the weights and re-learn the parameters (storages, device, count, dtype)."""
@@ -476,6 +485,9 @@ class Tracker:
         probe = candidates[0] if candidates else None
         self._probe_ref = weakref.ref(probe) if probe is not None else None
         self._probe_ptr = storage_key(probe) if probe is not None else 0
+        # A plain parameter's own data pointer moves with its storage, and reading it allocates nothing.
+        plain = probe is not None and type(probe) in (torch.nn.Parameter, torch.Tensor)
+        self._probe_data = probe.data_ptr() if plain and probe is not None else None
         count, dtype = parameter_count(model), dominant_dtype(model)
         trainable = parameter_count(model, trainable=True)
         quantization = weight_quantization(params)
@@ -511,27 +523,31 @@ class Tracker:
             return self._others.tensors()
         return []
 
-    def _probe(self) -> torch.Tensor | None:
-        ref = self._probe_ref
-        return ref() if ref is not None else None
-
-    def _model_changed(self, index: int) -> bool:
+    def _model_changed(self, index: int, quiet: bool = False) -> bool:
         """The model's parameters changed since the last look (cheap: see anatomy.hook.changes)."""
-        if not self._guard.ok(Feature.CHANGES):
+        if Feature.CHANGES in self._guard.off:
             return False
-        with self._guard(Feature.CHANGES):  # (a parameter without storage cannot be compared)
-            if self._probe_ref is not None:
-                probe = self._probe_ref()
-                if probe is None or storage_key(probe) != self._probe_ptr:
-                    return True  # moved (.to(), a new device), or the parameter is gone
-            look = self._schedule.look_due(index, self._looked_at)
-            if look:
-                self._looked_at = index
+        try:  # (a parameter without storage cannot be compared)
+            ref = self._probe_ref
+            if ref is not None:
+                probe = ref()
+                if probe is None:
+                    return True  # the parameter is gone
+                data = self._probe_data
+                if data is not None and probe.data_ptr() != data:
+                    return True  # moved (.to(), a new device)
+                if data is None and storage_key(probe) != self._probe_ptr:
+                    return True
+            watch = self._model_watch
+            if quiet or not self._schedule.look_due(index, self._looked_at):
+                return watch.suspect and watch.changed(self.model, look=False)
+            self._looked_at = index
             began = time.perf_counter()
-            changed = self._model_watch.changed(self.model, look=look)
-            if look:
-                self._schedule.budget.charge(LOOK, time.perf_counter() - began)
+            changed = watch.changed(self.model, look=True)
+            self._schedule.budget.charge(LOOK, time.perf_counter() - began)
             return changed
+        except Exception as exc:
+            self._guard.fail(Feature.CHANGES, exc)
         return False
 
     def _use_device(self, device: torch.device) -> None:
@@ -582,7 +598,11 @@ class Tracker:
         """Context manager around one optimizer step (all its micro-batches)."""
         if not self.enabled or self._closed:
             return _NullContext(self)
-        return _StepContext(self, samples, tokens)
+        ctx = self._context  # one, reused: its values are read as it is entered
+        if ctx._entered:  # (a step inside a step: its own)
+            return _StepContext(self, samples, tokens)
+        ctx._samples, ctx._tokens = samples, tokens
+        return ctx
 
     def begin_step(self, samples: int | None = None, tokens: int | None = None) -> None:
         """A step block begins. Blocks in which no optimizer updates (gradient accumulation, a skipped
@@ -603,41 +623,56 @@ class Tracker:
             return
         if rec is not None:  # suspended, and an optimizer stepped after its block (outside any block)
             self._finish_step(rec, None)
-        self._keep_out_of_compile()
+        if not self._compile_safe and self._compiled():
+            self._keep_out_of_compile()
         self._begin(auto=False, samples=samples, tokens=tokens)
 
     def _begin(self, auto: bool, samples: int | None = None, tokens: int | None = None) -> None:
-        with self._guard(Feature.STEP):
+        # The per-step path: a section per hook (try/except, the guard's contract), no call it can spare.
+        off = self._guard.off
+        try:
             index = self._steps_done
             sched = self._schedule
-            if self._model_changed(index):  # a new head, an untied embedding, .to(): all sums anew
+            # One compare says whether anything can be due by the step count (an ordinary step: none of
+            # the schedule's checks); a change the hooks saw, or a re-sum forced, is not ordinary.
+            quiet = index < self._quiet_until and index != self._forced_refresh
+            quiet = quiet and not self._model_watch.suspect
+            if self._model_changed(index, quiet):  # a new head, an untied embedding, .to(): all sums anew
                 self._forced_refresh = index
-            clock = StepClock(cuda=self._cuda_events and self._guard.ok(Feature.TIMING))
+                quiet = False
+            clock = StepClock(cuda=self._cuda_events and Feature.TIMING not in off)
             rec = StepRecord(index, auto, samples, tokens, clock)
             self._step = rec
-            rec.opt_begin = self._sums.optimizer_states
-            probe = self._probe()
-            rec.grads_begin = self._sums.gradients if probe is not None and probe.grad is not None else 0
+            sums = self._sums
+            rec.opt_begin = sums.optimizer_states
+            ref = self._probe_ref
+            probe = ref() if ref is not None else None
+            rec.grads_begin = sums.gradients if probe is not None and probe.grad is not None else 0
             if self._zero_ref is not None:  # DeepSpeed's buffers, not param.grad: as last measured at a start
                 rec.grads_begin = self._zero_grads_begin
-            if self._refresh_due(index):
+            rec.quiet = quiet
+            rec.refresh = not quiet and (sched.refresh_due(index) or index == self._forced_refresh)
+            if rec.refresh:
                 began = time.perf_counter()
                 self._refresh_weights()
-                rec.grads_begin = self._sums.gradients = self._gradient_bytes()
+                rec.grads_begin = sums.gradients = self._gradient_bytes()
                 self._zero_grads_begin = rec.grads_begin
                 sched.budget.charge(REFRESH, time.perf_counter() - began)
-            rec.heap_on = sched.heap_due(index)
-            if self._memory is not None:
-                self._memory.read_start(rec)
-            if self._guard.ok(Feature.TIMING):
-                rec.clock.mark(BEGIN)
-            if sched.sample_due(index):
+            rec.heap_on = not quiet and sched.heap_due(index)
+            memory = self._memory
+            if rec.heap_on and memory is not None:  # (a step that does not read the heap reads nothing)
+                memory.read_start(rec)
+            if Feature.TIMING not in off:
+                clock.mark(BEGIN)
+            if not quiet and sched.sample_due(index):
                 rec.began_s = time.perf_counter()
                 if self._guard.ok(Feature.OP_GROUPS):
                     self._start_profiler(rec)
                 traced = self._memory is not None and self._memory.traced is not None
                 if sched.trace_due(index, traced):
                     self._start_trace(rec)
+        except Exception as exc:
+            self._guard.fail(Feature.STEP, exc)
 
     def end_step(self, exc: BaseException | None = None) -> None:
         """Close the current step. With ``exc`` (the exception that ended it), an out-of-memory
@@ -656,9 +691,12 @@ class Tracker:
 
     def _finish_step(self, rec: StepRecord, exc: BaseException | None) -> None:
         self._step = None
-        self._close_window(rec)
-        with self._guard(Feature.STEP):
+        if rec.window or self._counter.active:
+            self._close_window(rec)
+        try:
             self._finish(rec, exc)
+        except Exception as error:
+            self._guard.fail(Feature.STEP, error)
 
     def _defers(self, rec: StepRecord) -> bool:
         """Does a block that did not update continue into the next one? Only where an update can be
@@ -691,10 +729,11 @@ class Tracker:
             self._stop_trace(rec)
         if rec.profiler is not None:
             self._stop_profiler(rec, exc)
-        if self._guard.ok(Feature.TIMING):
+        off = self._guard.off
+        if Feature.TIMING not in off:
             rec.clock.mark(END)
         memory = self._memory
-        if memory is not None and not rec.optimizer_ran:
+        if memory is not None and not rec.optimizer_ran and rec.heap_on:
             # otherwise the optimizer's readings already cover the step's end
             memory.read(
                 rec, Phase.OTHER, explained_after_optimizer(rec), held_after_optimizer(rec, self._sums)
@@ -705,26 +744,31 @@ class Tracker:
             heap_step = memory.step_ends(rec, stats_due=due)
             if heap_step is not None:
                 self._schedule.heap_step = heap_step
-            if isinstance(memory, HeapBackend) and memory.runtime is None and rec.heap_from is None:
+            if memory.runtime is None and rec.heap_from is None and isinstance(memory, HeapBackend):
                 comm = communication_bytes(self._sums.buckets, rec.grads_begin) or 0
                 # other models built before the first step are named, not runtime
                 memory.measure_runtime(rec, step_parts(rec, self._sums), comm + self._sums.other_models)
-        if self._refresh_due(rec.index) and self._guard.ok(Feature.GRADIENTS):
+        if (rec.refresh or rec.index == self._forced_refresh) and Feature.GRADIENTS not in off:
             with self._guard(Feature.GRADIENTS):  # DDP's buckets, rebuilt after the first backward
                 self._sums.buckets = ddp_buckets(self.model) or self._zero_buckets()
-        if rec.grads is None and self._refresh_due(rec.index) and self._guard.ok(Feature.GRADIENTS):
-            # No optimizer hook saw this step: gradients as they are now.
-            with self._guard(Feature.GRADIENTS):
-                rec.grads = self._gradient_bytes()
-                self._sums.gradients = rec.grads
+            if rec.grads is None and Feature.GRADIENTS not in off:
+                # No optimizer hook saw this step: gradients as they are now.
+                with self._guard(Feature.GRADIENTS):
+                    rec.grads = self._gradient_bytes()
+                    self._sums.gradients = rec.grads
         self._steps_done += 1
-        self._keep_out_of_compile()
-        self._charge(rec, memory)
+        # (a step begun by begin_step: the next begin_step looks, before the next forward)
+        if rec.auto and not self._compile_safe and self._compiled():
+            self._keep_out_of_compile()
+        if rec.heap_on or rec.began_s:
+            self._charge(rec, memory)
         throughput = self._throughput
         throughput.step_finished(rec)
         groups_step = throughput.op_groups_step
         throughput.resolve()
         self._last_rec = rec
+        if self._steps_done >= self._quiet_until:  # (the steps per interval: as of this step's time)
+            self._quiet_until = self._schedule.quiet_until(self._steps_done, self._looked_at)
         if due or exc is not None or groups_step != throughput.op_groups_step or not self._repeat(rec):
             self._build()
         if exc is None:  # every finished step goes to the publisher (latest-only, O(1))
@@ -763,18 +807,18 @@ class Tracker:
         count, no re-sum, no heap read, no trace), the same micro-batches and batch size, no new error,
         and on CUDA the same peak from the same start. Otherwise (False) the full build."""
         last = self._latest
-        if last is None or rec.profiled or rec.activations is not None or self._refresh_due(rec.index):
+        if last is None or rec.profiled or rec.activations is not None or self._refreshes(rec):
             return False
         if self._guard.version != self._built_errors or self._stamp(rec) != self._built_stamp:
             return False
         memory = self._memory
-        if isinstance(memory, HeapBackend) and (rec.heap_on or rec.heap_from is None):
+        if memory is not None and not memory.is_cuda and (rec.heap_on or rec.heap_from is None):
             return False
         if isinstance(memory, CudaBackend):
             start = rec.cuda_start
             if start is None or not rec.cuda_peaks or memory.step_peak(rec, start) != memory.last_peak:
                 return False
-        with self._guard(Feature.SNAPSHOT):
+        try:
             self._throughput.update_timing()
             self._seq += 1
             snap = object.__new__(Snapshot)  # (a frozen dataclass: filled through its __dict__)
@@ -785,6 +829,8 @@ class Tracker:
             self._latest = snap
             self.history.append(snap)
             return True
+        except Exception as exc:
+            self._guard.fail(Feature.SNAPSHOT, exc)
         return False
 
     # -- sampled steps ----------------------------------------------------------------------------
@@ -862,7 +908,9 @@ class Tracker:
 
     def _on_forward_pre(self, module: torch.nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
         count = reached = False
-        with self._guard(Feature.FORWARD):
+        off = self._guard.off
+        rec = None
+        try:
             rec = self._step
             if rec is None:
                 if self._explicit or self._closed or not (torch.is_grad_enabled() and module.training):
@@ -878,7 +926,8 @@ class Tracker:
                 return  # re-entrant call of the same model inside its forward
             if not rec.recall:
                 rec.micro += 1
-            self._close_window(rec)  # an earlier micro-batch's, left open after its forward
+            if rec.window or self._counter.active:
+                self._close_window(rec)  # an earlier micro-batch's, left open after its forward
             x = _first_tensor(args, kwargs)
             shape = tuple(x.shape) if x is not None else None
             if shape is not None and self._batch_shape is None:
@@ -888,23 +937,30 @@ class Tracker:
                 rec.samples_seen += int(x.shape[0])
                 if x.dim() >= 2 and not x.is_floating_point():
                     rec.tokens_seen += int(x.numel())
-            ac = active_autocast_dtype(self._device.type if self._device is not None else "cpu")
-            if ac is not None and ac != self._autocast_dtype:
-                self._autocast_dtype = ac
-                self._hello_changed()  # the precision is mixed now
-            if self._guard.ok(Feature.ACTIVATIONS):
-                rec.counting = self._schedule.count_due(rec.index, shape, rec.counting)
+            if Feature.ACTIVATIONS not in off:
+                sched = self._schedule
+                if not rec.quiet or rec.counting or shape != sched.input_shape:
+                    rec.counting = sched.count_due(rec.index, shape, rec.counting)
                 count = rec.counting or rec.trace is not None
+            if count or rec.heap_on:  # autocast is looked for on the steps that measure (~10 µs cold)
+                ac = active_autocast_dtype(self._device.type if self._device is not None else "cpu")
+                if ac is not None and ac != self._autocast_dtype:
+                    self._autocast_dtype = ac
+                    self._hello_changed()  # the precision is mixed now
+            memory = self._memory
             if not rec.heap_on and rec.micro == 1 and (count or shape != self._schedule.input_shape):
                 # A new shape (or a count due): read this step's heap after all, from here (nothing
                 # of the step has been allocated yet).
                 rec.heap_on = True
-                if self._memory is not None:
-                    self._memory.read_start(rec)
-            self._boundary(rec, Phase.FORWARD)
-            if self._guard.ok(Feature.TIMING):
+                if memory is not None:
+                    memory.read_start(rec)
+            if rec.trace is not None or (memory is not None and memory.is_cuda):
+                self._boundary(rec, Phase.FORWARD)
+            if Feature.TIMING not in off:
                 rec.clock.mark(FORWARD_PRE)
             reached = True
+        except Exception as exc:
+            self._guard.fail(Feature.FORWARD, exc)
         if count and reached and rec is not None:
             # (fails where saved-tensor hooks are disabled, e.g. by a compiler or FSDP)
             with self._guard(Feature.ACTIVATIONS):
@@ -914,7 +970,7 @@ class Tracker:
                 rec.window = counter.start(keep_open=True)
 
     def _on_forward_post(self, module: torch.nn.Module, args: tuple[Any, ...], output: Any) -> None:
-        with self._guard(Feature.FORWARD):
+        try:
             rec = self._step
             if rec is None or rec.in_forward == 0:
                 return
@@ -935,13 +991,19 @@ class Tracker:
                     self._record_count(rec)
             else:  # not counted this time: the last count stands
                 acts, copies = sums.activations or 0, sums.weight_copies
-            if self._guard.ok(Feature.TIMING):
+            if Feature.TIMING not in self._guard.off:
                 rec.clock.mark(FORWARD_POST)
-            earlier_grads = max(sums.gradients - rec.grads_begin, 0) if rec.micro > 1 else 0
-            held = Held(acts, copies, rec.grads_begin + earlier_grads, rec.opt_begin)
-            if self._memory is not None:
-                self._memory.read(rec, Phase.FORWARD, acts + copies + earlier_grads, held)
-            self._boundary(rec, Phase.BACKWARD)
+            memory = self._memory
+            if memory is None:
+                return
+            if rec.heap_on:  # (only a step that reads the heap reads at a boundary)
+                earlier_grads = max(sums.gradients - rec.grads_begin, 0) if rec.micro > 1 else 0
+                held = Held(acts, copies, rec.grads_begin + earlier_grads, rec.opt_begin)
+                memory.read(rec, Phase.FORWARD, acts + copies + earlier_grads, held)
+            if rec.trace is not None or memory.is_cuda:
+                self._boundary(rec, Phase.BACKWARD)
+        except Exception as exc:
+            self._guard.fail(Feature.FORWARD, exc)
 
     def forward_begin(self, batch: Any = None) -> None:
         """A framework's training forward starts — Lightning's ``training_step``, which may call any of
@@ -1047,14 +1109,18 @@ class Tracker:
         rec = self._step
         if not self.enabled or rec is None or rec.in_forward or rec.suspended:
             return
-        self._close_window(rec)
-        with self._guard(Feature.BACKWARD):
-            if self._guard.ok(Feature.TIMING):
+        if rec.window or self._counter.active:
+            self._close_window(rec)
+        try:
+            if Feature.TIMING not in self._guard.off:
                 rec.clock.mark(BACKWARD_END)
-            grads = self._sums.gradients
-            held = Held(gradients=max(grads, rec.grads_begin), optimizer_states=rec.opt_begin)
-            if self._memory is not None:
-                self._memory.read(rec, Phase.BACKWARD, max(grads - rec.grads_begin, 0), held)
+            memory = self._memory
+            if memory is not None and rec.heap_on:
+                grads = self._sums.gradients
+                held = Held(gradients=max(grads, rec.grads_begin), optimizer_states=rec.opt_begin)
+                memory.read(rec, Phase.BACKWARD, max(grads - rec.grads_begin, 0), held)
+        except Exception as exc:
+            self._guard.fail(Feature.BACKWARD, exc)
 
     def optimizer_begin(self) -> None:
         """Gradients are complete: measure them, and start the optimizer phase. Called by the
@@ -1069,28 +1135,35 @@ class Tracker:
             # Under ZeRO this is the Trainer's on_pre_optimizer_step after the engine's update (inside its
             # backward): DeepSpeed's buffers are empty now and param.grad never set — the gradients measured
             # as its step began stand (re-summing here left 0 as the figure of later, unmeasured steps).
-            refresh = rec.grads is not None and self._zero_ref is None and self._refresh_due(rec.index)
+            refresh = rec.grads is not None and self._zero_ref is None and self._refreshes(rec)
             if refresh and self._guard.ok(Feature.GRADIENTS):
                 with self._guard(Feature.GRADIENTS):  # gradients at their largest over the step's updates
                     # (ZeRO's own buffers too: param.grad alone would make the standing figure 0 there)
                     rec.grads = self._sums.gradients = max(rec.grads or 0, self._gradient_bytes())
             return
-        self._close_window(rec)
-        with self._guard(Feature.OPTIMIZER):
+        if rec.window or self._counter.active:
+            self._close_window(rec)
+        off = self._guard.off
+        try:
             rec.optimizer_ran = rec.in_optimizer = True
             sums = self._sums
-            if self._guard.ok(Feature.GRADIENTS) and rec.grads is None and self._refresh_due(rec.index):
+            if rec.grads is None and Feature.GRADIENTS not in off and self._refreshes(rec):
                 with self._guard(Feature.GRADIENTS):
                     sums.gradients = self._gradient_bytes()
             rec.grads = sums.gradients
-            held = Held(gradients=rec.grads, optimizer_states=rec.opt_begin)
-            if self._memory is not None:
-                self._memory.read(rec, Phase.BACKWARD, max(rec.grads - rec.grads_begin, 0), held)
-            self._boundary(rec, Phase.OPTIMIZER)
-            if self._guard.ok(Feature.TIMING):
+            memory = self._memory
+            if memory is not None:
+                if rec.heap_on:
+                    held = Held(gradients=rec.grads, optimizer_states=rec.opt_begin)
+                    memory.read(rec, Phase.BACKWARD, max(rec.grads - rec.grads_begin, 0), held)
+                if rec.trace is not None or memory.is_cuda:
+                    self._boundary(rec, Phase.OPTIMIZER)
+            if Feature.TIMING not in off:
                 rec.clock.mark(OPTIMIZER_PRE)
             if rec.profiler is not None:
                 rec.profiler.set_phase(Phase.OPTIMIZER)
+        except Exception as exc:
+            self._guard.fail(Feature.OPTIMIZER, exc)
 
     def optimizer_end(self) -> None:
         """The optimizer step is done: its states exist now. Ends an automatic step."""
@@ -1101,23 +1174,27 @@ class Tracker:
         if rec.opt_after is not None:  # a second optimizer's step: its time, and its states on refresh
             if self._guard.ok(Feature.TIMING):
                 rec.clock.mark(OPTIMIZER_POST)
-            if self._refresh_due(rec.index) and self._guard.ok(Feature.OPTIMIZER_STATES):
+            if self._refreshes(rec) and self._guard.ok(Feature.OPTIMIZER_STATES):
                 with self._guard(Feature.OPTIMIZER_STATES):
                     rec.opt_after = self._sums.optimizer_states = self._sum_optimizer_states()
             return
-        with self._guard(Feature.OPTIMIZER):
-            if self._guard.ok(Feature.TIMING):
+        off = self._guard.off
+        try:
+            if Feature.TIMING not in off:
                 rec.clock.mark(OPTIMIZER_POST)
-            refresh = self._refresh_due(rec.index)
-            opt = self._optimizer
-            if opt is not None and self._guard.ok(Feature.OPTIMIZER_STATES) and refresh:
+            refresh = rec.refresh or rec.index == self._forced_refresh
+            if refresh and Feature.OPTIMIZER_STATES not in off and self._optimizer is not None:
                 with self._guard(Feature.OPTIMIZER_STATES):
                     self._sums.optimizer_states = self._sum_optimizer_states()
             rec.opt_after = self._sums.optimizer_states
-            if refresh and self._memory is not None:  # in steady state the heap after the step equals before
+            memory = self._memory
+            if refresh and memory is not None:  # in steady state the heap after the step equals before
                 held = held_after_optimizer(rec, self._sums)
-                self._memory.read(rec, Phase.OPTIMIZER, explained_after_optimizer(rec), held)
-            self._boundary(rec, Phase.OTHER)
+                memory.read(rec, Phase.OPTIMIZER, explained_after_optimizer(rec), held)
+            if rec.trace is not None or (memory is not None and memory.is_cuda):
+                self._boundary(rec, Phase.OTHER)
+        except Exception as exc:
+            self._guard.fail(Feature.OPTIMIZER, exc)
         if rec.auto and rec.updated:
             self.end_step()
 
@@ -1144,7 +1221,10 @@ class Tracker:
                 parts.optimizer_states if self._optimizer is not None else 0
             )
         memory[Component.GRADIENTS.value] = parts.gradients if guard.ok(Feature.GRADIENTS) else None
+        counted = None  # counted less often than every step: the figure says which step it is from
         if guard.ok(Feature.ACTIVATIONS) and parts.activations_known:
+            counted = rec.index if rec.activations is not None else self._schedule.counted_step
+            counted = counted if counted >= 0 else None
             memory[Component.ACTIVATIONS.value] = parts.activations
             memory[Component.INPUTS.value] = parts.inputs or None  # a row only where there are some
             unsharded = rec.unsharded if rec.activations is not None else self._sums.unsharded
@@ -1161,7 +1241,13 @@ class Tracker:
         backend = self._memory
         split = backend.peak(rec, parts) if backend is not None else None
         if backend is None or split is None:
-            return MemoryResult(step=rec.index, memory=memory, micro=rec.micro, batch=self._batch_size(rec))
+            return MemoryResult(
+                step=rec.index,
+                memory=memory,
+                micro=rec.micro,
+                batch=self._batch_size(rec),
+                activations_step=counted,
+            )
         memory[Component.TEMPORARIES.value] = split.temporaries
         runtime = backend.runtime
         pre = divide_preexisting(
@@ -1198,6 +1284,7 @@ class Tracker:
             batch=self._batch_size(rec),
             at_peak=at_peak if named else None,
             at_peak_step=split.at_peak_step if named else None,
+            activations_step=counted,
         )
 
     def _batch_size(self, rec: StepRecord) -> int | None:
@@ -1324,6 +1411,7 @@ class Tracker:
             batch_size=result.batch,
             at_peak=result.at_peak,
             at_peak_step=result.at_peak_step,
+            activations_step=result.activations_step,
         )
         # Every finished step is built and published; the advisor, the costliest part, runs once per
         # publish interval (and for an OOM record) and its suggestions stand in between.

@@ -328,6 +328,7 @@ def _snapshot_from(d: Mapping[str, Any]) -> Snapshot:
         at_peak=at_peak,
         at_peak_step=_req(d, "at_peak_step", int, nullable=True),
         trainable_parameter_count=_req(d, "trainable_parameter_count", int, nullable=True),
+        activations_step=_req(d, "activations_step", int, nullable=True),
     )
 
 

@@ -122,6 +122,7 @@ class Snapshot:
     at_peak: dict[str, int | None] | None = None
     at_peak_step: int | None = None  # the step whose per-op trace gave the at-peak split
     trainable_parameter_count: int | None = None  # version 3: the divisor of gradients and optimizer states
+    activations_step: int | None = None  # optional: the step whose saved tensors gave ``activations``
     protocol: int = PROTOCOL_VERSION
     type: str = "snapshot"
 

@@ -41,3 +41,34 @@ def test_heap_read_on_warmup_sampled_steps_and_once_per_interval() -> None:
     assert s.heap_due(5)  # nothing read yet
     s.heap_step = 5
     assert not s.heap_due(6) and s.heap_due(7) and s.heap_due(100)
+
+
+def test_quiet_until_is_the_first_step_anything_can_be_due() -> None:
+    """Every step before ``quiet_until`` answers no to every periodic check, so the tracker may skip them;
+    work the budget holds back moves it to when the budget will have room, at the current pace."""
+    from anatomy.hook.schedule import Budget
+
+    now = [0.0]
+    s = Schedule(sample_every=100, interval_s=1.0, budget=Budget(0.01, clock=lambda: now[0]))
+    for _ in range(5):
+        s.note_step_s(0.1)  # 10 steps per interval
+    assert s.quiet_until(1, looked_at=0) == 1  # warm-up: never quiet
+    now[0] = 1000.0  # plenty of budget
+    s.heap_step, s.counted_step = 40, 42
+    until = s.quiet_until(45, looked_at=44)
+    assert until == 50  # the heap read, an interval after step 40
+    quiet = range(45, until)
+    assert not any(s.heap_due(i) or s.count_due(i, None, False) or s.look_due(i, 44) for i in quiet)
+    assert s.heap_due(until)
+    s.heap_step = s.counted_step = 95
+    assert s.quiet_until(96, looked_at=96) == 100  # the re-sum and sampled step
+    s.budget.spent_s = 10.5  # over budget: 10 s spent of 1000 s × 1%
+    s.budget.cost["heap"] = 0.5  # a heap read costs 0.5 s: room for it after 1100 s, 100 s (1,000 steps) on
+    s.heap_step, s.counted_step = 200, 205
+    assert s.quiet_until(210, looked_at=209) == 215  # the count, which has no cost on record
+    s.budget.cost["count"] = 0.5
+    s.budget.cost["look"] = 0.5
+    # everything past due waits for the budget (1,000 steps), but not past the next re-sum
+    assert s.quiet_until(230, looked_at=200) == 300
+    s.sample_every = 0
+    assert s.quiet_until(230, looked_at=200) == 230 + 1000
