@@ -1,7 +1,8 @@
 """The training-side hook, by responsibility.
 
 ``tracker`` (the :class:`Tracker` and ``track``: hooks, step boundaries, orchestration), ``schedule``
-(what runs on which step), ``record`` (the typed records passed between the parts), ``guard`` (a failed
+(what runs on which step), ``record`` (the typed records passed between the parts) and ``held`` (what the
+named tensors hold at a moment, a leaf both ``record`` and ``trace`` import), ``guard`` (a failed
 feature becomes unmeasured, in one place), ``tensors`` (exact sums of weights, gradients and optimizer
 states), ``saved`` (activations through saved-tensor hooks), ``gradients`` (gradients alive during a
 traced step), ``backend`` with ``heap`` and ``cuda`` (a step's peak on CPU and CUDA), ``trace`` (the

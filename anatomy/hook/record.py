@@ -1,11 +1,12 @@
-"""The typed records the parts of the hook pass between them: one step's measurements, what the named
-tensors hold at a moment, a memory reading, the last trace, and the memory figures of a finished step."""
+"""The typed records the parts of the hook pass between them: one step's measurements, a memory reading
+(with what the named tensors hold then), the last trace, and the memory figures of a finished step."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
+from anatomy.hook.held import Held
 from anatomy.protocol import CudaMemory
 from anatomy.vocabulary import MemorySource as MemorySource
 from anatomy.vocabulary import Phase
@@ -17,16 +18,6 @@ if TYPE_CHECKING:
     from anatomy.hook.opgroups import OpGroupProfiler
     from anatomy.hook.timing import StepClock
     from anatomy.hook.trace import MemoryTrace
-
-
-@dataclass(frozen=True, slots=True)
-class Held:
-    """Bytes the named tensors hold at one moment of a step."""
-
-    activations: int = 0
-    weight_copies: int = 0  # autocast's low-precision copies of the weights
-    gradients: int = 0
-    optimizer_states: int = 0
 
 
 @dataclass(frozen=True, slots=True)

@@ -5,7 +5,8 @@ from __future__ import annotations
 
 import logging
 
-from anatomy.hook.record import Held, Preexisting, StepParts, StepRecord, Sums, Traced
+from anatomy.hook.held import Held
+from anatomy.hook.record import Preexisting, StepParts, StepRecord, Sums, Traced
 from anatomy.hook.trace import MemoryTrace
 from anatomy.vocabulary import Component, Phase
 

@@ -22,7 +22,7 @@ from typing import Any
 
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from anatomy.hook.record import Held
+from anatomy.hook.held import Held
 from anatomy.vocabulary import Phase
 
 READ_SHARE = 1.0  # the trace's reads may take at most this share of the traced step's other time

@@ -52,13 +52,14 @@ from anatomy.hook.distributed import Buckets, communication_bytes, ddp_buckets
 from anatomy.hook.gradients import GradientWatcher
 from anatomy.hook.guard import MAX_TEXT, Feature, Guard
 from anatomy.hook.heap import HostHeap
+from anatomy.hook.held import Held
 from anatomy.hook.hello import build_hello
 from anatomy.hook.opgroups import OpGroupProfiler
 from anatomy.hook.others import OtherModels
 from anatomy.hook.paged import paged_state_bytes
 from anatomy.hook.publishing import Channel
 from anatomy.hook.quantized import weight_quantization
-from anatomy.hook.record import Held, MemoryResult, StepRecord, Sums
+from anatomy.hook.record import MemoryResult, StepRecord, Sums
 from anatomy.hook.saved import SavedTensorCounter, input_storage_keys
 from anatomy.hook.schedule import (
     COUNT,

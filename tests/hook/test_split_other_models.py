@@ -4,7 +4,7 @@ the peak carries the other-models row and still sums to the peak."""
 
 from __future__ import annotations
 
-from anatomy.hook.record import Held
+from anatomy.hook.held import Held
 from anatomy.hook.split import PeakSplitter, divide_preexisting
 from anatomy.vocabulary import Component
 
