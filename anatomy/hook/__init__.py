@@ -4,7 +4,8 @@
 (what runs on which step), ``record`` (the typed records passed between the parts) and ``held`` (what the
 named tensors hold at a moment, a leaf both ``record`` and ``trace`` import), ``guard`` (a failed
 feature becomes unmeasured, in one place), ``tensors`` (exact sums of weights, gradients and optimizer
-states), ``saved`` (activations through saved-tensor hooks), ``gradients`` (gradients alive during a
+states), ``saved`` (activations through saved-tensor hooks) with ``saved_values`` (what it asks of
+values, tensors and the autograd graph), ``gradients`` (gradients alive during a
 traced step), ``backend`` with ``heap`` and ``cuda`` (a step's peak on CPU and CUDA), ``trace`` (the
 per-op memory trace of a sampled step), ``split`` (the arithmetic of the peak's split), ``timing`` and
 ``throughput`` (phase times, rates), ``opgroups`` (FLOPs and time per operation group), ``detect``

@@ -29,12 +29,20 @@ import sys
 import threading
 import types
 import weakref
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable
 from time import perf_counter
 from typing import Any
 
 import torch
 
+from anatomy.hook.saved_values import (
+    graph_roots,
+    in_backward,
+    is_sliced_integer_view,
+    reused_after_reshard,
+    tensors_held,
+    tensors_in,
+)
 from anatomy.hook.tensors import storage_key
 
 _PackPair = tuple[Callable[[torch.Tensor], Any], Callable[[Any], torch.Tensor]]
@@ -68,31 +76,6 @@ class _CheckpointCode:
 _checkpoint_code: _CheckpointCode | None = None
 
 
-def _tensors_held(values: Iterable[Any], depth: int = 0) -> Iterable[torch.Tensor]:
-    """Tensors in a checkpoint's arguments: in lists, tuples, dicts, a ``functools.partial``'s arguments
-    and keywords, a function's closure cells (four levels; modules are not entered: their parameters are
-    weights)."""
-    for value in values:
-        if isinstance(value, torch.Tensor):
-            yield value
-        elif depth >= 4 or value is None or isinstance(value, torch.nn.Module):
-            continue
-        elif isinstance(value, (list, tuple)):
-            yield from _tensors_held(value, depth + 1)
-        elif isinstance(value, dict):
-            yield from _tensors_held(value.values(), depth + 1)
-        elif isinstance(value, functools.partial):
-            yield from _tensors_held((value.func, value.args, value.keywords), depth + 1)
-        elif isinstance(value, types.FunctionType) and value.__closure__:
-            cells = []
-            for cell in value.__closure__:
-                try:
-                    cells.append(cell.cell_contents)
-                except ValueError:  # an empty cell
-                    continue
-            yield from _tensors_held(cells, depth + 1)
-
-
 def _checkpoint_inputs(caller: types.FrameType | None) -> tuple[list[Any], bool] | None:
     """What a checkpoint keeps for its recomputation, when ``caller`` (the frame that made the pack hook's
     call) is a checkpoint saving its positional inputs, and whether it is a reentrant one; else None."""
@@ -113,61 +96,6 @@ def _checkpoint_inputs(caller: types.FrameType | None) -> tuple[list[Any], bool]
         # (run_function, preserve_rng_state, *inputs); its RNG state is on its node, read after the forward
         return [caller.f_locals.get("args")], True
     return None
-
-
-def _graph_roots(output: Any) -> list[Any]:
-    """The autograd nodes of a forward's output tensors (a tensor, a tuple/list, a dict or ModelOutput)."""
-    values = output.values() if isinstance(output, Mapping) else output
-    if isinstance(output, torch.Tensor) or not isinstance(values, Iterable):
-        values = [output]
-    return [v.grad_fn for v in values if isinstance(v, torch.Tensor) and v.grad_fn is not None]
-
-
-def _in_backward() -> bool:
-    return torch._C._current_graph_task_id() != -1
-
-
-def _tensors_in(packed: Any) -> Iterable[torch.Tensor]:
-    """The tensors a pack hook returned: the tensor itself, or those in a tuple/list (``save_on_cpu``
-    returns ``(device, tensor)``). Anything else (a handle to disk, a compressed blob) holds no tensor
-    memory the tracker can name."""
-    if isinstance(packed, torch.Tensor):
-        return (packed,)
-    if isinstance(packed, (tuple, list)):
-        return [x for x in packed if isinstance(x, torch.Tensor)]
-    return ()
-
-
-def input_storage_keys(args: tuple[Any, ...], kwargs: Mapping[str, Any]) -> frozenset[int]:
-    """Storages of the tensors a forward was called with (one level into lists, tuples and dicts)."""
-    keys: set[int] = set()
-    for value in (*args, *kwargs.values()):
-        if isinstance(value, Mapping):
-            items: Iterable[Any] = value.values()
-        elif isinstance(value, (list, tuple)):
-            items = value
-        else:
-            items = (value,)
-        for item in items:
-            if isinstance(item, torch.Tensor) and item.layout is torch.strided:
-                keys.add(storage_key(item))
-    return frozenset(keys)
-
-
-def _is_sliced_integer_view(t: torch.Tensor) -> bool:
-    """Token ids or labels cut from a larger tensor that existed before the step (``tokens[i:i+n]``):
-    an integer view with no autograd history whose storage is at least twice what it spans."""
-    if t._base is None or t.requires_grad or t.is_floating_point() or t.is_complex() or t.dtype is torch.bool:
-        return False
-    return t.untyped_storage().nbytes() >= 2 * t.numel() * t.element_size()
-
-
-def _reused_after_reshard(t: torch.Tensor) -> bool:
-    """A storage first seen as an all-gathered parameter, now holding a tensor that is not one: FSDP freed
-    the gathered parameter after its layer's forward (reshard) and the allocator gave its address to a
-    later activation, which must be counted, not taken for the parameter."""
-    base = t._base if t._base is not None else t
-    return not isinstance(base, torch.nn.Parameter)
 
 
 class _Packed:
@@ -325,10 +253,10 @@ class SavedTensorCounter:
                 if key in self._weight_keys:
                     return packed
                 known = self._kind.get(key)
-                if known == _UNSHARDED and _reused_after_reshard(t):
+                if known == _UNSHARDED and reused_after_reshard(t):
                     known = None
                 if known is None:
-                    if _in_backward():
+                    if in_backward():
                         return packed
                     known = self._first_seen(t, key, storage.nbytes(), self._classify(t, key))
                 if self.track_alive and known in (_ACTIVATION, _COPY):
@@ -341,17 +269,17 @@ class SavedTensorCounter:
 
     def _observe_packed(self, t: torch.Tensor, packed: Any) -> Any:
         """A user's pack returned something else: count the tensors in it that stay on the device."""
-        if storage_key(t) in self._weight_keys or _in_backward():
+        if storage_key(t) in self._weight_keys or in_backward():
             return packed
         kind = self._classify(t, storage_key(t))
         kept = packed
-        for p in _tensors_in(packed):
+        for p in tensors_in(packed):
             if self.device is not None and p.device != self.device:
                 continue  # moved off the device (offloaded): not memory of this device
             storage = p.untyped_storage()
             key = storage.data_ptr() or -id(p)
             known = self._kind.get(key)
-            if known == _UNSHARDED and _reused_after_reshard(p):
+            if known == _UNSHARDED and reused_after_reshard(p):
                 known = None
             if known is None:
                 known = self._first_seen(t, key, storage.nbytes(), kind)
@@ -362,9 +290,9 @@ class SavedTensorCounter:
     def _observe_checkpoint(self, held: list[Any]) -> None:
         """Count the tensors a checkpoint keeps in its closure (the pack hook sees only its positional
         inputs), as saved tensors: weights skipped, inputs as inputs, each storage once."""
-        if _in_backward():
+        if in_backward():
             return
-        for t in _tensors_held(held):
+        for t in tensors_held(held):
             if t.layout is not torch.strided or (self.device is not None and t.device != self.device):
                 continue
             storage = t.untyped_storage()
@@ -385,7 +313,7 @@ class SavedTensorCounter:
         reentrant = code.reentrant if code is not None else None
         if reentrant is None:
             return
-        todo, seen = _graph_roots(output), set[int]()
+        todo, seen = graph_roots(output), set[int]()
         while todo and len(seen) < limit:
             node = todo.pop()
             if node is None or id(node) in seen:
@@ -398,7 +326,7 @@ class SavedTensorCounter:
             todo.extend(fn for fn, _ in node.next_functions)
 
     def _stale(self, t: torch.Tensor, key: int) -> bool:
-        return self._kind.get(key) == _UNSHARDED and _reused_after_reshard(t)
+        return self._kind.get(key) == _UNSHARDED and reused_after_reshard(t)
 
     def _first_seen(self, t: torch.Tensor, key: int, nbytes: int, kind: int) -> int:
         self._kind[key] = kind
@@ -408,7 +336,7 @@ class SavedTensorCounter:
         return kind
 
     def _classify(self, t: torch.Tensor, key: int) -> int:
-        if key in self._input_keys or _is_sliced_integer_view(t):
+        if key in self._input_keys or is_sliced_integer_view(t):
             return _INPUT
         base = t._base if t._base is not None else t
         if self._sharded and isinstance(base, torch.nn.Parameter):  # not the model's: FSDP's gathered copy

@@ -60,7 +60,8 @@ from anatomy.hook.paged import paged_state_bytes
 from anatomy.hook.publishing import Channel
 from anatomy.hook.quantized import weight_quantization
 from anatomy.hook.record import MemoryResult, StepRecord, Sums
-from anatomy.hook.saved import SavedTensorCounter, input_storage_keys
+from anatomy.hook.saved import SavedTensorCounter
+from anatomy.hook.saved_values import input_storage_keys
 from anatomy.hook.schedule import (
     COUNT,
     HEAP,

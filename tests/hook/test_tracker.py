@@ -298,7 +298,8 @@ def test_model_moved_after_track_is_remeasured(hk: SimpleNamespace) -> None:
     assert snap.memory[Component.GRADIENTS.value] == 8 * n
     assert snap.memory[Component.OPTIMIZER_STATES.value] == 0
     # Parameters are not activations, even though their storages changed after track().
-    from anatomy.hook.saved import SavedTensorCounter, input_storage_keys
+    from anatomy.hook.saved import SavedTensorCounter
+    from anatomy.hook.saved_values import input_storage_keys
 
     fresh = SavedTensorCounter([*model.parameters(), *model.buffers()])
     fresh.set_inputs(input_storage_keys((), batch))  # the batch is inputs, not activations
