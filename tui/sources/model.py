@@ -119,5 +119,3 @@ class MachineSnapshot:
     gpus: tuple[GpuInfo, ...] = ()
     processes: tuple[GpuProcess, ...] = ()
     host: HostInfo = field(default_factory=HostInfo)
-    # What the sources beside NVML could not read this time (the anatomy source's refusals, ...).
-    errors: tuple[SourceError, ...] = ()
