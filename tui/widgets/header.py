@@ -45,11 +45,19 @@ class TextLines(Widget):
         if len(lines) != len(old):
             self._strips.clear()
             self.refresh(layout=True)
+            # Seen in tests: a layout asked for while the app lays out for another reason (the first
+            # poll's text arriving as the screen settles) can be lost, leaving a two-line header one
+            # line high until its line count next changes. Look once more after the next frame.
+            self.call_after_refresh(self._check_height)
             return
         for y, (before, after) in enumerate(zip(old, lines, strict=True)):
             if not same_text(before, after):
                 self._strips.pop(y, None)
                 self.refresh(Region(0, y, self.size.width, 1))
+
+    def _check_height(self) -> None:
+        if self.is_mounted and self.display and self.size.height < len(self._lines):
+            self.refresh(layout=True)
 
     def get_content_height(self, container: Size, viewport: Size, width: int) -> int:
         return len(self._lines)
