@@ -8,13 +8,12 @@ from __future__ import annotations
 from types import SimpleNamespace
 from typing import Any
 
+import accelerate
 import pytest
 import torch
 
 import anatomy
 from anatomy.vocabulary import Component
-
-accelerate = pytest.importorskip("accelerate")
 
 ACCUM = 4
 MICRO = 24  # micro-batches: ACCUM per optimizer update

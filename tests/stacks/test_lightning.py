@@ -11,13 +11,12 @@ from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
+import lightning.pytorch as pl
 import pytest
 import torch
 
 import anatomy
 from anatomy.vocabulary import Component
-
-pl = pytest.importorskip("lightning.pytorch")
 
 BATCHES = 8
 WIDTH = 32
