@@ -8,12 +8,15 @@ attribute by attribute; the training is bit-identical with and without the hook.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from types import SimpleNamespace
+
 import bitsandbytes as bnb
 import pytest
 import torch
 
 import anatomy
-from anatomy.vocabulary import Component
+from anatomy.vocabulary import Component, Precision
 
 pytestmark = pytest.mark.filterwarnings("ignore::UserWarning")
 
@@ -72,30 +75,35 @@ def _quant_state_tensors(layer: torch.nn.Module, p: torch.Tensor) -> list[torch.
     return out
 
 
-def _run(kind: str, hooked: bool) -> tuple[list[float], _Quantized, anatomy.Tracker | None]:
+def _run(
+    kind: str, hooked: bool, count_states: Callable[[torch.optim.Optimizer], int] | None = None
+) -> tuple[list[float], _Quantized, anatomy.Tracker | None, list[int]]:
+    """(losses, model, tracker, the optimizer's state bytes after each update by ``count_states``)."""
     model = _Quantized(kind)
     opt = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=1e-2)
     g = torch.Generator().manual_seed(1)
     x, y = torch.randn(16, HIDDEN, generator=g), torch.randint(0, 8, (16,), generator=g)
     tracker = anatomy.track(model, opt, publish=False) if hooked else None
-    losses = []
+    losses, states = [], []
     for _ in range(STEPS):
         if tracker is not None:
             tracker.begin_step()
         loss = torch.nn.functional.cross_entropy(model(x), y)
         loss.backward()
         opt.step()
+        if count_states is not None:
+            states.append(count_states(opt))
         opt.zero_grad()
         if tracker is not None:
             tracker.end_step()
         losses.append(float(loss.detach()))
-    return losses, model, tracker
+    return losses, model, tracker, states
 
 
 @pytest.mark.parametrize("kind", ["nf4", "fp4", "int8"])
-def test_quantized_weights_their_state_and_logical_count(kind: str) -> None:
-    plain, _, _ = _run(kind, hooked=False)
-    losses, model, tracker = _run(kind, hooked=True)
+def test_quantized_weights_their_state_and_logical_count(st: SimpleNamespace, kind: str) -> None:
+    plain, _, _, _ = _run(kind, hooked=False)
+    losses, model, tracker, states = _run(kind, hooked=True, count_states=st.state_bytes)
     assert tracker is not None
     assert losses == plain  # bit-identical
     assert losses[-1] < losses[0]  # the adapters train through the quantized layers
@@ -126,7 +134,17 @@ def test_quantized_weights_their_state_and_logical_count(kind: str) -> None:
     assert state_bytes > 0
 
     hello, snap = tracker.hello, tracker.history[-1]
+    history = list(tracker.history)
     tracker.close()
+    # Optimizer states against the training process's own count after each update (every tensor in
+    # optimizer.state, each storage once): AdamW's two moments and step of the trainable adapters and head.
+    assert [s.step for s in history] == list(range(STEPS))
+    assert [s.memory[Component.OPTIMIZER_STATES.value] for s in history] == states
+    assert states[-1] >= 2 * trainable * 4
+    # The precision is the floating-point training's (README: the guide's figures follow the detected
+    # precision; a quantized base has no weight figure): fp32 adapters and compute over the packed base,
+    # the packed format named apart in weight_quantization — never a precision of its own.
+    assert hello.precision == Precision.FP32.value
     assert hello.parameter_count == snap.parameter_count == logical
     assert hello.trainable_parameter_count == snap.trainable_parameter_count == trainable
     assert hello.weight_quantization == kind
@@ -135,3 +153,30 @@ def test_quantized_weights_their_state_and_logical_count(kind: str) -> None:
     assert snap.expected_bytes_per_param[Component.WEIGHTS.value] is None  # no guide figure for 4/8-bit
     assert snap.expected_bytes_per_param[Component.OPTIMIZER_STATES.value] == 8.0
     assert snap.expected_bytes_per_param[Component.GRADIENTS.value] == 4.0
+
+
+def test_4bit_precision_follows_the_floating_weights() -> None:
+    """QLoRA's usual set-up, a bf16 compute dtype with bf16 biases and head over an nf4 base: the hello says
+    bf16 (the packed uint8 storage is no precision; fp32 above is the adapters', not a default)."""
+    torch.manual_seed(0)
+    layers = torch.nn.ModuleList(
+        bnb.nn.Linear4bit(HIDDEN, HIDDEN, compute_dtype=torch.bfloat16, quant_type="nf4")
+        .to(torch.bfloat16)
+        .to("cpu")
+        for _ in range(2)
+    )
+    layers.requires_grad_(False)
+    model = torch.nn.Sequential(*layers, torch.nn.Linear(HIDDEN, 8).to(torch.bfloat16))
+    opt = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=1e-3)
+    tracker = anatomy.track(model, opt, publish=False)
+    x = torch.randn(4, HIDDEN, dtype=torch.bfloat16)
+    for _ in range(2):
+        with tracker.step():
+            model(x).float().pow(2).mean().backward()
+            opt.step()
+            opt.zero_grad()
+    hello = tracker.hello
+    tracker.close()
+    assert all(p.dtype == torch.uint8 for layer in layers for p in [layer.weight])
+    assert hello.precision == Precision.BF16.value
+    assert hello.weight_quantization == "nf4"
