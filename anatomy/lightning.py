@@ -123,7 +123,7 @@ class _AnatomyCallback(CallbackBase):
 
     def on_before_backward(self, trainer: Any, pl_module: Any, loss: Any) -> None:
         if self.tracker is not None and self._in_batch:
-            self._guard("on_before_backward", self.tracker.forward_end)
+            self._guard("on_before_backward", self.tracker.backward_begin)
 
     def on_after_backward(self, trainer: Any, pl_module: Any) -> None:
         if self.tracker is not None and self._in_batch:
