@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from types import SimpleNamespace
+from typing import Any
 
 import bitsandbytes as bnb
 import pytest
@@ -20,66 +21,17 @@ from anatomy.vocabulary import Component, Precision
 
 pytestmark = pytest.mark.filterwarnings("ignore::UserWarning")
 
-HIDDEN, LAYERS, STEPS = 128, 3, 3
-
-
-class _Quantized(torch.nn.Module):
-    """Frozen quantized linear layers, each with a trainable low-rank adapter, and a trainable head."""
-
-    def __init__(self, kind: str) -> None:
-        super().__init__()
-        torch.manual_seed(0)
-        self.layers = torch.nn.ModuleList(_layer(kind) for _ in range(LAYERS))
-        self.down = torch.nn.ModuleList(torch.nn.Linear(HIDDEN, 4, bias=False) for _ in range(LAYERS))
-        self.up = torch.nn.ModuleList(torch.nn.Linear(4, HIDDEN, bias=False) for _ in range(LAYERS))
-        self.norm = torch.nn.LayerNorm(HIDDEN)
-        self.head = torch.nn.Linear(HIDDEN, 8)
-        for p in self.layers.parameters():
-            p.requires_grad_(False)
-        self.norm.requires_grad_(False)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        for layer, down, up in zip(self.layers, self.down, self.up, strict=True):
-            x = torch.relu(layer(x) + up(down(x)))
-        return self.head(self.norm(x))
-
-
-def _layer(kind: str) -> torch.nn.Module:
-    if kind == "int8":
-        return bnb.nn.Linear8bitLt(HIDDEN, HIDDEN, has_fp16_weights=False).to("cpu")
-    layer = bnb.nn.Linear4bit(
-        HIDDEN, HIDDEN, compute_dtype=torch.float32, quant_type=kind, compress_statistics=kind == "nf4"
-    )
-    return layer.to("cpu")  # quantizes the weight
-
-
-def _quant_state_tensors(layer: torch.nn.Module, p: torch.Tensor) -> list[torch.Tensor]:
-    """The test's own reading of bitsandbytes' state: QuantState's absmax, code, offset and, with double
-    quantization, state2's absmax and code; Int8Params' row scales SCB (its CB is the weight itself), which
-    the layer's first forward moves to ``layer.state``."""
-    out = []
-    state = getattr(layer, "state", None)
-    if getattr(state, "SCB", None) is not None and p is layer.weight:
-        out.append(state.SCB)
-        assert state.CB.untyped_storage().data_ptr() == p.untyped_storage().data_ptr()
-    qs = getattr(p, "quant_state", None)
-    if qs is not None:
-        out += [qs.absmax, qs.code]
-        if qs.offset is not None:
-            out.append(qs.offset)
-        if qs.state2 is not None:
-            out += [qs.state2.absmax, qs.state2.code]
-    if getattr(p, "SCB", None) is not None:
-        out.append(p.SCB)
-        assert p.CB.untyped_storage().data_ptr() == p.untyped_storage().data_ptr()
-    return out
+HIDDEN, STEPS = 128, 3
 
 
 def _run(
-    kind: str, hooked: bool, count_states: Callable[[torch.optim.Optimizer], int] | None = None
-) -> tuple[list[float], _Quantized, anatomy.Tracker | None, list[int]]:
+    st: SimpleNamespace,
+    kind: str,
+    hooked: bool,
+    count_states: Callable[[torch.optim.Optimizer], int] | None = None,
+) -> tuple[list[float], Any, anatomy.Tracker | None, list[int]]:
     """(losses, model, tracker, the optimizer's state bytes after each update by ``count_states``)."""
-    model = _Quantized(kind)
+    model = st.QuantizedNet(kind, hidden=HIDDEN)
     opt = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=1e-2)
     g = torch.Generator().manual_seed(1)
     x, y = torch.randn(16, HIDDEN, generator=g), torch.randint(0, 8, (16,), generator=g)
@@ -102,16 +54,13 @@ def _run(
 
 @pytest.mark.parametrize("kind", ["nf4", "fp4", "int8"])
 def test_quantized_weights_their_state_and_logical_count(st: SimpleNamespace, kind: str) -> None:
-    plain, _, _, _ = _run(kind, hooked=False)
-    losses, model, tracker, states = _run(kind, hooked=True, count_states=st.state_bytes)
+    plain, _, _, _ = _run(st, kind, hooked=False)
+    losses, model, tracker, states = _run(st, kind, hooked=True, count_states=st.state_bytes)
     assert tracker is not None
     assert losses == plain  # bit-identical
     assert losses[-1] < losses[0]  # the adapters train through the quantized layers
 
-    logical = 0
-    for p in model.parameters():
-        qs = getattr(p, "quant_state", None)
-        logical += int(torch.Size(qs.shape).numel()) if qs is not None else p.numel()
+    logical, weights, state_bytes = st.quantized_counts(model)
     quantized = [p for layer in model.layers for p in layer.parameters()]
     packed = [p for p in quantized if getattr(p, "quant_state", None) is not None]
     if kind != "int8":  # two 4-bit weights per uint8 element: the packed count would be far off
@@ -120,17 +69,6 @@ def test_quantized_weights_their_state_and_logical_count(st: SimpleNamespace, ki
         )
     trainable = sum(p.numel() for p in model.parameters() if p.requires_grad)
 
-    seen: set[int] = set()
-    weights = state_bytes = 0
-    for t in [*model.parameters(), *model.buffers()]:
-        if t.untyped_storage().data_ptr() not in seen:
-            seen.add(t.untyped_storage().data_ptr())
-            weights += t.untyped_storage().nbytes()
-    for layer in model.layers:
-        for t in (t for p in layer.parameters() for t in _quant_state_tensors(layer, p)):
-            if t.untyped_storage().data_ptr() not in seen:
-                seen.add(t.untyped_storage().data_ptr())
-                state_bytes += t.untyped_storage().nbytes()
     assert state_bytes > 0
 
     hello, snap = tracker.hello, tracker.history[-1]
@@ -148,7 +86,7 @@ def test_quantized_weights_their_state_and_logical_count(st: SimpleNamespace, ki
     assert hello.parameter_count == snap.parameter_count == logical
     assert hello.trainable_parameter_count == snap.trainable_parameter_count == trainable
     assert hello.weight_quantization == kind
-    assert snap.memory[Component.WEIGHTS.value] == weights + state_bytes
+    assert snap.memory[Component.WEIGHTS.value] == weights  # with the quantization state
     assert snap.memory[Component.GRADIENTS.value] == trainable * 4
     assert snap.expected_bytes_per_param[Component.WEIGHTS.value] is None  # no guide figure for 4/8-bit
     assert snap.expected_bytes_per_param[Component.OPTIMIZER_STATES.value] == 8.0
