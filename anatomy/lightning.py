@@ -10,7 +10,8 @@ How Lightning drives a step, and what the callback makes of it:
   one optimizer update (:meth:`anatomy.hook.tracker.Tracker.begin_step`);
 - the forward is ``training_step`` as a whole — from the batch's start to the loss's backward
   (``on_before_backward``) — whether it calls ``self(...)`` or a submodule (``self.model(...)``, a GAN's
-  generator and discriminator);
+  generator and discriminator); in manual optimization a later forward of the batch (the generator's,
+  after the discriminator's update) runs from the last optimizer step's end to its loss's backward;
 - in automatic optimization Lightning calls ``optimizer.step(closure)`` and runs forward and backward
   inside the closure; the tracker's optimizer hooks see the closure and begin the optimizer phase when it
   returns, so gradients are read after this step's backward;
@@ -123,7 +124,7 @@ class _AnatomyCallback(CallbackBase):
 
     def on_before_backward(self, trainer: Any, pl_module: Any, loss: Any) -> None:
         if self.tracker is not None and self._in_batch:
-            self._guard("on_before_backward", self.tracker.forward_end)
+            self._guard("on_before_backward", self.tracker.backward_begin)
 
     def on_after_backward(self, trainer: Any, pl_module: Any) -> None:
         if self.tracker is not None and self._in_batch:

@@ -50,6 +50,14 @@ class StepClock:
         else:
             self.marks.append((kind, time.perf_counter()))
 
+    def later_forward(self) -> None:
+        """A forward no hook saw begin ends now; it began as the step's last optimizer step ended (a GAN's
+        generator, run after the discriminator's update)."""
+        marks = self.marks
+        if marks and marks[-1][0] == OPTIMIZER_POST:
+            marks.append((FORWARD_PRE, marks[-1][1]))
+            self.mark(FORWARD_POST)
+
     @property
     def kinds(self) -> list[str]:
         return [k for k, _ in self.marks]

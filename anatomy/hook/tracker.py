@@ -1024,6 +1024,16 @@ class Tracker:
             return
         self._on_forward_post(self.model, (), None)
 
+    def backward_begin(self) -> None:
+        """The framework's loss goes to backward (Lightning's ``on_before_backward``): its forward is done,
+        also a later one of the same step that began after an optimizer step (manual optimization)."""
+        rec = self._step
+        later = rec is not None and not rec.in_forward and rec.optimizer_ran and not rec.in_optimizer
+        if self.enabled and later and rec is not None:
+            with self._guard(Feature.TIMING):
+                rec.clock.later_forward()
+        self.forward_end()
+
     def _record_count(self, rec: StepRecord) -> None:
         """The micro-batch's window closed: keep the largest micro-batch's counts."""
         rec.window = False

@@ -169,7 +169,8 @@ def test_cpu_flash_attention_is_counted_where_flop_counter_mode_sees_nothing() -
 
 @pytest.fixture(scope="module")
 def bert_step() -> Callable[[OpGroupProfiler | None], None]:
-    transformers = pytest.importorskip("transformers")
+    import transformers
+
     torch.manual_seed(0)
     config = transformers.BertConfig(
         vocab_size=1000,

@@ -54,3 +54,26 @@ def test_cpu_clock_is_ready_at_once() -> None:
     assert clock.ready() and clock.kinds == [BEGIN, FORWARD_PRE, FORWARD_POST, END]
     d = clock.durations()
     assert d is not None and d.step_s == pytest.approx(clock.span()) and d.step_s >= 0
+
+
+def test_a_later_forward_begins_where_the_last_optimizer_step_ended() -> None:
+    """Manual optimization (a GAN): the generator's forward after the discriminator's update ends with no
+    mark of its start; ``later_forward`` dates it from the update's end, so both cycles' forward and
+    backward count (without it the second cycle fell in no phase). Elsewhere it adds nothing."""
+    clock = StepClock()
+    clock.marks = [(BEGIN, 0.0), (FORWARD_PRE, 0.1), (FORWARD_POST, 0.4), (BACKWARD_END, 1.0)]
+    clock.marks += [(OPTIMIZER_PRE, 1.1), (OPTIMIZER_POST, 1.3)]
+    clock.later_forward()
+    assert clock.kinds[-2:] == [FORWARD_PRE, FORWARD_POST] and clock.marks[-2][1] == 1.3
+    clock.marks[-1] = (FORWARD_POST, 1.7)  # the generator's forward: 0.4
+    clock.marks += [(BACKWARD_END, 2.5), (OPTIMIZER_PRE, 2.6), (OPTIMIZER_POST, 2.8), (END, 2.9)]
+    d = clock.durations()
+    assert d is not None
+    assert d.forward_s == pytest.approx(0.3 + 0.4)
+    assert d.backward_s == pytest.approx(0.6 + 0.8)
+    assert d.optimizer_s == pytest.approx(0.2 + 0.2)
+    assert d.forward_s + d.backward_s + d.optimizer_s == pytest.approx(d.step_s - 0.1 - 0.1 - 0.1 - 0.1)
+    inside = StepClock()
+    inside.marks = [(BEGIN, 0.0), (FORWARD_PRE, 0.1)]
+    inside.later_forward()  # not after an optimizer step: no mark
+    assert inside.kinds == [BEGIN, FORWARD_PRE]

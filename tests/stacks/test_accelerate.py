@@ -8,13 +8,13 @@ from __future__ import annotations
 from types import SimpleNamespace
 from typing import Any
 
+import accelerate
 import pytest
 import torch
 
 import anatomy
+from anatomy.hook.schedule import WARMUP_REFRESH_STEPS
 from anatomy.vocabulary import Component
-
-accelerate = pytest.importorskip("accelerate")
 
 ACCUM = 4
 MICRO = 24  # micro-batches: ACCUM per optimizer update
@@ -92,3 +92,91 @@ def test_accumulation_steps_are_updates(st: SimpleNamespace, published: list[Any
     assert st.phases_sum(published[-1]) <= timing.step_s * 1.05
     assert timing.samples_per_s == pytest.approx(ACCUM * 8 / timing.step_s)
     assert tracker.latest is published[-1]
+
+
+LONG_MICRO = 128  # micro-batches of the long run: 32 updates
+SAMPLE_EVERY = 8  # the long run's re-sum cadence (sample_every): steps 0-2, then 8, 16, 24
+LATE_MICRO = 50  # the micro-batch from which the late head is in the loss: update 12 first steps it
+
+
+class _LateHead(torch.nn.Module):
+    """A body and a head, and a second head the loss uses only from LATE_MICRO on (a task added to the
+    curriculum): AdamW creates its moments for the late head's parameters at the first update that has
+    their gradients, so the optimizer's state grows mid-run without anything the tracker watches
+    changing (no parameter assigned, no requires_grad flipped, the same optimizer)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        torch.manual_seed(0)
+        self.body = torch.nn.Sequential(torch.nn.Linear(32, 64), torch.nn.ReLU())
+        self.head = torch.nn.Linear(64, 1)
+        self.late = torch.nn.Linear(64, 1)
+        self.use_late = False
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = self.body(x)
+        return self.head(h) + self.late(h) if self.use_late else self.head(h)
+
+
+def _long_run(st: SimpleNamespace, hook: bool) -> tuple[list[float], Any, list[tuple[int, int, int]]]:
+    """LONG_MICRO micro-batches, ``tracker.step()`` around each: (losses, truth, and after every block
+    that published a step, (step, published optimizer states, published gradients))."""
+    accelerator = _fresh_accelerator()
+    model = _LateHead()
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    model, optimizer = accelerator.prepare(model, optimizer)
+    truth = st.Truth(model, [optimizer.optimizer])
+    tracker = anatomy.track(model, optimizer, sample_every=SAMPLE_EVERY) if hook else None
+    losses: list[float] = []
+    seen: list[tuple[int, int, int]] = []
+    for i, (x, y) in enumerate(st.batches(LONG_MICRO)):
+        model.use_late = i >= LATE_MICRO
+        updates = truth.updates
+        block = tracker.step(samples=len(x)) if tracker is not None else _nothing()
+        with block, accelerator.accumulate(model):
+            loss = torch.nn.functional.mse_loss(model(x), y)
+            accelerator.backward(loss)
+            optimizer.step()
+            optimizer.zero_grad()
+        losses.append(loss.item())
+        if tracker is not None and truth.updates > updates:  # this block's update published a step
+            snap = tracker.latest
+            assert snap is not None
+            mem = snap.memory
+            seen.append((snap.step, mem[Component.OPTIMIZER_STATES.value], mem[Component.GRADIENTS.value]))
+        else:
+            assert tracker is None or tracker.latest is None or tracker.latest.step == truth.updates - 1
+    if tracker is not None:
+        tracker.close()
+    truth.close()
+    return losses, truth, seen
+
+
+def test_micro_batch_steps_re_sum_on_update_steps_for_a_long_run(
+    st: SimpleNamespace, published: list[Any]
+) -> None:
+    """The issue's defect: with ``tracker.step()`` around each micro-batch the re-sums fell on micro-batches
+    where the optimizer never updates (0 B of optimizer states after 128 micro-batches). Now every step is
+    an update: the first ones re-sum, and so do the schedule's later samples — the late head's moments,
+    created at update 12, appear at the next sampled step (16), an update step like every other."""
+    plain, _, _ = _long_run(st, hook=False)
+    del published[:]
+    losses, truth, seen = _long_run(st, hook=True)
+    assert losses == plain  # bit-identical
+    updates = LONG_MICRO // ACCUM
+    assert truth.updates == updates
+    assert [s.step for s in published] == list(range(updates))
+    assert all(s.grad_accum_steps == ACCUM for s in published)
+    assert [step for step, _, _ in seen] == list(range(updates))  # each published as its update ran
+
+    first_late = LATE_MICRO // ACCUM
+    assert truth.states[first_late] > truth.states[first_late - 1] > 0  # the state really grew there
+    assert truth.grads[first_late] > truth.grads[first_late - 1] > 0
+    resums = [k for k in range(updates) if k < WARMUP_REFRESH_STEPS or k % SAMPLE_EVERY == 0]
+    after = next(k for k in resums if k > first_late)
+    for step, states, grads in seen:
+        last = max(k for k in resums if k <= step)  # the figure stands from the last re-sum
+        assert (states, grads) == (truth.states[last], truth.grads[last]), step
+        if not first_late <= step < after:  # nothing changed since that re-sum: today's count
+            assert (states, grads) == (truth.states[step], truth.grads[step]), step
+    assert seen[after][1] > seen[after - 1][1]  # the sampled re-sum found the grown state

@@ -7,20 +7,23 @@ gradient and optimizer-state sums), and the losses with those of the same fit wi
 from __future__ import annotations
 
 import os
+import statistics
+import time
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
+import lightning.pytorch as pl
 import pytest
 import torch
 
 import anatomy
+from anatomy.hook.schedule import WARMUP_REFRESH_STEPS
 from anatomy.vocabulary import Component
-
-pl = pytest.importorskip("lightning.pytorch")
 
 BATCHES = 8
 WIDTH = 32
+SLOW_S = 0.01  # the wall time of a slow module's forward, and again of its backward
 
 
 class _Data(torch.utils.data.Dataset):  # type: ignore[type-arg]
@@ -40,17 +43,41 @@ def _loader(n_batches: int, seed: int = 1) -> torch.utils.data.DataLoader:  # ty
     return torch.utils.data.DataLoader(_Data(8 * n_batches, seed), batch_size=8, shuffle=False)
 
 
-def _net(seed: int) -> torch.nn.Module:
+class _SlowIdentity(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx: Any, x: torch.Tensor) -> torch.Tensor:
+        time.sleep(SLOW_S)
+        return x.view_as(x)
+
+    @staticmethod
+    def backward(ctx: Any, grad: torch.Tensor) -> torch.Tensor:
+        time.sleep(SLOW_S)
+        return grad
+
+
+class _Slow(torch.nn.Module):
+    """The identity, with a forward and a backward of SLOW_S each: the model's work outweighs Lightning's
+    own between its hooks (a fraction of a millisecond a batch) on any machine, as a real model's does, so
+    the phases' sum can be held to the step. No parameters: the counts and losses are the plain net's."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return _SlowIdentity.apply(x)  # type: ignore[no-any-return]
+
+
+def _net(seed: int, slow: bool = False) -> torch.nn.Module:
     torch.manual_seed(seed)
-    return torch.nn.Sequential(torch.nn.Linear(WIDTH, 64), torch.nn.ReLU(), torch.nn.Linear(64, 1))
+    layers = [torch.nn.Linear(WIDTH, 64), torch.nn.ReLU(), torch.nn.Linear(64, 1)]
+    return torch.nn.Sequential(*layers, *([_Slow()] if slow else []))
 
 
 class Regressor(pl.LightningModule):
     """Automatic optimization; ``via_submodule``: ``training_step`` calls ``self.model(...)``."""
 
-    def __init__(self, via_submodule: bool = False, with_validation: bool = False) -> None:
+    def __init__(
+        self, via_submodule: bool = False, with_validation: bool = False, slow: bool = False
+    ) -> None:
         super().__init__()
-        self.model = _net(0)
+        self.model = _net(0, slow)
         self.via_submodule = via_submodule
         self.with_validation = with_validation
         self.losses: list[float] = []
@@ -79,13 +106,13 @@ class Regressor(pl.LightningModule):
 class Gan(pl.LightningModule):
     """Manual optimization with two optimizers, each over its own network."""
 
-    def __init__(self) -> None:
+    def __init__(self, slow: bool = False) -> None:
         super().__init__()
         self.automatic_optimization = False
-        self.generator = _net(1)
+        self.generator = _net(1, slow)
         torch.manual_seed(2)
         self.discriminator = torch.nn.Sequential(
-            torch.nn.Linear(1, 16), torch.nn.ReLU(), torch.nn.Linear(16, 1)
+            torch.nn.Linear(1, 16), torch.nn.ReLU(), torch.nn.Linear(16, 1), *([_Slow()] if slow else [])
         )
         self.losses: list[float] = []
 
@@ -122,7 +149,9 @@ class _TruthCallback(pl.Callback):
         self.truth = self.st.Truth(pl_module, opts)
 
 
-def _fit(module: Any, callbacks: list[Any], tmp: Path, *, val: bool = False, **kwargs: Any) -> Any:
+def _fit(
+    module: Any, callbacks: list[Any], tmp: Path, *, val: bool = False, batches: int = BATCHES, **kwargs: Any
+) -> Any:
     trainer = pl.Trainer(
         max_epochs=1,
         accelerator="cpu",
@@ -138,27 +167,48 @@ def _fit(module: Any, callbacks: list[Any], tmp: Path, *, val: bool = False, **k
         callbacks=callbacks,
         **kwargs,
     )
-    trainer.fit(module, _loader(BATCHES), _loader(2, seed=5) if val else None)
+    trainer.fit(module, _loader(batches), _loader(2, seed=5) if val else None)
     return trainer
 
 
 def _run(
-    st: SimpleNamespace, published: list[Any], tmp: Path, make: Any, *, val: bool = False, **kwargs: Any
+    st: SimpleNamespace,
+    published: list[Any],
+    tmp: Path,
+    make: Any,
+    *,
+    val: bool = False,
+    batches: int = BATCHES,
+    **kwargs: Any,
 ) -> tuple[Any, Any, list[Any], list[float]]:
     """The same fit with and without the hook: (module, truth, published snapshots, losses without
     the hook)."""
     from anatomy.lightning import AnatomyCallback
 
     plain = make()
-    _fit(plain, [], tmp / "plain", val=val, **kwargs)
+    _fit(plain, [], tmp / "plain", val=val, batches=batches, **kwargs)
     module = make()
     truth_cb = _TruthCallback(st)
     callback = AnatomyCallback()
-    _fit(module, [truth_cb, callback], tmp / "hooked", val=val, **kwargs)
+    _fit(module, [truth_cb, callback], tmp / "hooked", val=val, batches=batches, **kwargs)
     assert callback.tracker is not None and callback.tracker.closed
     truth_cb.truth.close()
     assert [s.step for s in published] == list(range(len(published)))  # every step, once, in order
     return module, truth_cb.truth, list(published), plain.losses
+
+
+def _check_phases(st: SimpleNamespace, snaps: list[Any]) -> None:
+    """Forward, backward and optimizer sum to the step: never over it (5% for the clock's marks) and on the
+    median step after the first WARMUP_REFRESH_STEPS within 5% under it. (The first steps re-sum the
+    model between the phases — the hook's own work; and a loaded machine can stall any one step between
+    two marks: the median is the typical step.)"""
+    for snap in snaps[1:]:  # (the first step's clock may still be pending on the first snapshot)
+        t = snap.timing
+        assert t.forward_s and t.backward_s and t.optimizer_s and t.step_s
+        assert st.phases_sum(snap) <= t.step_s * 1.05
+    ordinary = [s for s in snaps if s.step >= WARMUP_REFRESH_STEPS]
+    assert len(ordinary) >= 3
+    assert statistics.median(st.phases_sum(s) / s.timing.step_s for s in ordinary) >= 0.95
 
 
 def _check_memory(snap: Any, truth: Any, step: int) -> None:
@@ -169,7 +219,7 @@ def _check_memory(snap: Any, truth: Any, step: int) -> None:
 
 
 def test_automatic_optimization(st: SimpleNamespace, published: list[Any], tmp_path: Path) -> None:
-    module, truth, snaps, plain_losses = _run(st, published, tmp_path, Regressor)
+    module, truth, snaps, plain_losses = _run(st, published, tmp_path, lambda: Regressor(slow=True))
     assert module.losses == plain_losses  # bit-identical
     assert truth.updates == BATCHES
     assert len(snaps) == BATCHES  # one step per update
@@ -180,10 +230,7 @@ def test_automatic_optimization(st: SimpleNamespace, published: list[Any], tmp_p
     assert last.memory[Component.OPTIMIZER_STATES.value] == truth.states[-1]
     assert last.grad_accum_steps == 1 and last.batch_size == 8
     assert last.memory[Component.ACTIVATIONS.value]
-    for snap in snaps[1:]:  # (the first step's clock may still be pending on the first snapshot)
-        t = snap.timing
-        assert t.forward_s and t.backward_s and t.optimizer_s and t.step_s
-        assert st.phases_sum(snap) <= t.step_s * 1.05
+    _check_phases(st, snaps)  # the closure's forward and backward, inside optimizer.step, each once
 
 
 def test_training_step_calls_a_submodule(st: SimpleNamespace, published: list[Any], tmp_path: Path) -> None:
@@ -196,20 +243,24 @@ def test_training_step_calls_a_submodule(st: SimpleNamespace, published: list[An
 
 
 def test_gradient_accumulation(st: SimpleNamespace, published: list[Any], tmp_path: Path) -> None:
-    module, truth, snaps, plain_losses = _run(st, published, tmp_path, Regressor, accumulate_grad_batches=4)
+    batches = 4 * (WARMUP_REFRESH_STEPS + 3)  # three ordinary steps for the phases' median
+    module, truth, snaps, plain_losses = _run(
+        st, published, tmp_path, lambda: Regressor(slow=True), batches=batches, accumulate_grad_batches=4
+    )
     assert module.losses == plain_losses
-    assert truth.updates == BATCHES // 4
+    assert truth.updates == batches // 4
     assert snaps[-1].step == truth.updates - 1
     assert all(s.grad_accum_steps == 4 for s in snaps)
     for step in range(truth.updates):
         _check_memory(next(s for s in snaps if s.step == step), truth, step)
-    assert st.phases_sum(snaps[-1]) <= snaps[-1].timing.step_s * 1.05
+    # (the step also holds Lightning's loop and data loading between its micro-batches: "other" time)
+    _check_phases(st, snaps)
 
 
 def test_manual_optimization_two_optimizers(
     st: SimpleNamespace, published: list[Any], tmp_path: Path
 ) -> None:
-    module, truth, snaps, plain_losses = _run(st, published, tmp_path, Gan)
+    module, truth, snaps, plain_losses = _run(st, published, tmp_path, lambda: Gan(slow=True))
     assert module.losses == plain_losses
     assert truth.updates == 2 * BATCHES  # each batch updates both networks: one step
     assert snaps[-1].step == BATCHES - 1
@@ -218,7 +269,8 @@ def test_manual_optimization_two_optimizers(
         # both optimizers' states, summed (AdamW's two moments, SGD's momentum)
         assert mem[Component.OPTIMIZER_STATES.value] == truth.states[2 * snap.step + 1]
         assert mem[Component.GRADIENTS.value] == max(truth.grads[2 * snap.step : 2 * snap.step + 2])
-    assert snaps[-1].timing.optimizer_s and snaps[-1].timing.forward_s
+    # the discriminator's forward, backward and update, then the generator's: each phase sums both
+    _check_phases(st, snaps)
 
 
 def test_validation_is_not_a_step(st: SimpleNamespace, published: list[Any], tmp_path: Path) -> None:
@@ -263,7 +315,8 @@ def test_imports_stay_light() -> None:
 
 def test_pytorch_lightning_package(tmp_path: Path) -> None:
     """The same callback with the ``pytorch_lightning`` package (in a fresh interpreter, where only that
-    Lightning is imported): an instance of its ``Callback``, one step per update, the process's counts."""
+    Lightning is imported): an instance of its ``Callback``, one step per update, the process's counts, and
+    losses bit-identical with those of the same fit without the hook."""
     import subprocess
     import sys
 
@@ -278,22 +331,32 @@ updates = []
 class M(ptl.LightningModule):
     def __init__(self):
         super().__init__()
+        torch.manual_seed(0)
         self.net = torch.nn.Linear(4, 1)
+        self.losses = []
     def training_step(self, batch, i):
-        return self.net(batch[0]).pow(2).mean()
+        loss = self.net(batch[0]).pow(2).mean()
+        self.losses.append(loss.item())
+        return loss
     def configure_optimizers(self):
         opt = torch.optim.SGD(self.parameters(), lr=0.1, momentum=0.9)
         opt.register_step_post_hook(lambda *a: updates.append(
             sum(s["momentum_buffer"].numel() * 4 for s in opt.state.values())))
         return opt
 data = torch.utils.data.DataLoader(torch.utils.data.TensorDataset(torch.randn(48, 4)), batch_size=8)
+def fit(callbacks):
+    module = M()
+    trainer = ptl.Trainer(max_epochs=1, accelerator="cpu", enable_progress_bar=False, logger=False,
+                          enable_checkpointing=False, enable_model_summary=False, accumulate_grad_batches=2,
+                          callbacks=callbacks)
+    trainer.fit(module, data)
+    return module.losses
+plain = fit([])
+del updates[:]
 cb = AnatomyCallback()
-trainer = ptl.Trainer(max_epochs=1, accelerator="cpu", enable_progress_bar=False, logger=False,
-                      enable_checkpointing=False, enable_model_summary=False, accumulate_grad_batches=2,
-                      callbacks=cb)
-trainer.fit(M(), data)
+losses = fit([cb])
 print(isinstance(cb, ptl.Callback), len(updates), [(s.step, s.grad_accum_steps) for s in seen],
-      seen[-1].memory["optimizer_states"] == updates[-1] > 0)
+      seen[-1].memory["optimizer_states"] == updates[-1] > 0, losses == plain, len(losses))
 """
     root = Path(__file__).resolve().parents[2]
     env = {**os.environ, "ANATOMY_TOP_DIR": str(tmp_path / "rt"), "PYTHONPATH": str(root)}
@@ -301,7 +364,7 @@ print(isinstance(cb, ptl.Callback), len(updates), [(s.step, s.grad_accum_steps) 
         [sys.executable, "-c", code], cwd=root, env=env, capture_output=True, text=True, timeout=180
     )
     assert out.returncode == 0, out.stderr[-3000:]
-    assert out.stdout.strip().splitlines()[-1] == "True 3 [(0, 2), (1, 2), (2, 2)] True"
+    assert out.stdout.strip().splitlines()[-1] == "True 3 [(0, 2), (1, 2), (2, 2)] True True 6"
 
 
 @pytest.mark.parametrize("record", ["here", False])

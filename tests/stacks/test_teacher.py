@@ -10,6 +10,7 @@ import gc
 
 import pytest
 import torch
+from stack_helpers import module_bytes  # (this directory is on sys.path: its conftest)
 
 import anatomy
 from anatomy.vocabulary import Component
@@ -29,20 +30,6 @@ def _teacher(shared: torch.nn.Module | None = None) -> torch.nn.Module:
     head = shared if shared is not None else torch.nn.Linear(BIG, 10)
     teacher = torch.nn.Sequential(body, torch.nn.ReLU(), torch.nn.BatchNorm1d(BIG), head)
     return teacher.eval().requires_grad_(False)
-
-
-def _bytes(*modules: torch.nn.Module, exclude: torch.nn.Module | None = None) -> int:
-    """The test's own count: numel * element_size of each parameter and buffer, each storage once, those
-    of ``exclude`` not at all."""
-    skip = {t.untyped_storage().data_ptr() for t in exclude.state_dict().values()} if exclude else set()
-    seen: set[int] = set(skip)
-    total = 0
-    for m in modules:
-        for t in [*m.parameters(), *m.buffers()]:
-            if t.untyped_storage().data_ptr() not in seen:
-                seen.add(t.untyped_storage().data_ptr())
-                total += t.numel() * t.element_size()
-    return total
 
 
 def _distill(
@@ -84,7 +71,7 @@ def _distill(
 def test_a_teacher_given_at_track_is_other_models_not_runtime() -> None:
     teacher = _teacher()
     plain, _, _ = _distill(_student(), teacher)
-    expected = _bytes(teacher)
+    expected = module_bytes(teacher)
     gc.collect()
 
     def registered(student: torch.nn.Module, opt: object) -> anatomy.Tracker:
@@ -130,7 +117,7 @@ def test_a_teacher_added_later_is_other_models_not_unattributed() -> None:
 
     losses, tracker, at_peak = _distill(_student(), None, track, late_teacher=late)
     assert tracker is not None and losses == plain
-    expected = _bytes(made[-1])
+    expected = module_bytes(made[-1])
     hello, snap = tracker.hello, tracker.history[-1]
     tracker.close()
     assert hello.other_models == {"teacher": expected}
@@ -157,9 +144,10 @@ def test_storages_shared_with_the_student_count_once() -> None:
         opt.zero_grad()
     snap, hello = tracker.history[-1], tracker.hello
     tracker.close()
-    assert snap.memory[Component.OTHER_MODELS.value] == _bytes(teacher, exclude=student) < _bytes(teacher)
-    assert snap.memory[Component.WEIGHTS.value] == _bytes(student)
-    assert hello.other_models == {"teacher": _bytes(teacher, exclude=student)}
+    added = module_bytes(teacher, exclude=student)
+    assert snap.memory[Component.OTHER_MODELS.value] == added < module_bytes(teacher)
+    assert snap.memory[Component.WEIGHTS.value] == module_bytes(student)
+    assert hello.other_models == {"teacher": module_bytes(teacher, exclude=student)}
 
 
 def test_the_trainer_callback_registers_a_subclass_teacher(tmp_path: object) -> None:
@@ -222,8 +210,8 @@ def test_the_trainer_callback_registers_a_subclass_teacher(tmp_path: object) -> 
     assert losses == plain and len(losses) == 3
     tracker = callback.tracker
     assert tracker is not None
-    assert tracker.hello.other_models == {"teacher": _bytes(teacher)}
-    assert tracker.history[-1].memory[Component.OTHER_MODELS.value] == _bytes(teacher)
+    assert tracker.hello.other_models == {"teacher": module_bytes(teacher)}
+    assert tracker.history[-1].memory[Component.OTHER_MODELS.value] == module_bytes(teacher)
 
 
 def test_many_other_models_still_publish() -> None:
@@ -242,4 +230,4 @@ def test_many_other_models_still_publish() -> None:
     tracker.close()
     assert hello.other_models is not None and len(hello.other_models) == protocol.MAX_OTHER_MODELS
     assert protocol.decode(protocol.encode(hello).rstrip(b"\n")) == hello
-    assert snap.memory[Component.OTHER_MODELS.value] == _bytes(*others.values())
+    assert snap.memory[Component.OTHER_MODELS.value] == module_bytes(*others.values())
