@@ -127,6 +127,7 @@ def compare(pid: int, base: PlanSettings, directory: Path | None = None) -> Comp
     if snap.peak_bytes is not None and snap.at_peak is not None:
         measured_peak = snap.peak_bytes - sum(snap.at_peak.get(c) or 0 for c in OUTSIDE_TENSORS)
     rows.append(("Peak (tensors)", peak, measured_peak))
+    kept = result.outputs_kept_bytes
     w = result.workload
     label = (
         f"PID {pid}: {model_named(hello)} ({result.task.value}), {w.describe()}, {hello.precision}, "
@@ -148,7 +149,8 @@ def compare(pid: int, base: PlanSettings, directory: Path | None = None) -> Comp
             if inputs
             else []
         ),
-        *like_notes(hello, settings, result.trainable_parameters, result.outputs_kept_bytes),
+        # held outputs under 1% of the peak (a classifier's logits) are not worth a note
+        *like_notes(hello, settings, result.trainable_parameters, kept if 100 * kept >= peak else 0),
     ]
     return Comparison(label, rows, notes)
 

@@ -212,6 +212,9 @@ def test_settings_of_a_lora_and_qlora_job() -> None:
     # A job that trains more than the plan (PEFT's modules_to_save, ...) is said to.
     notes = like_notes(replace(hello, trainable_parameter_count=5000), s, 4000, 0)
     assert any("trains 5,000 parameters, the plan 4,000" in n for n in notes)
+    assert not any("plain loop" in n for n in notes)
+    # A plain loop's held outputs, which the hook charges to unattributed memory, are named with their size.
+    assert any("previous step's outputs (1000.0 KiB" in n for n in like_notes(hello, s, 0, 1_024_000))
 
 
 def test_the_hook_publishes_the_lora_adapter() -> None:
