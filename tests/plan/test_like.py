@@ -415,7 +415,11 @@ def live_jobs(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Li
         for job in jobs.values():
             job.process.terminate()
         for job in jobs.values():
-            job.process.wait(timeout=30)
+            try:
+                job.process.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                job.process.kill()
+                job.process.wait(timeout=30)
 
 
 @pytest.mark.slow
