@@ -1,6 +1,6 @@
 """The plan's error against real CPU training steps on the cases issue 17 (sections 1-2) named:
-LoRA and QLoRA on Llama, GPT-2 and T5, LoRA dropout, an int8 base, mixture-of-experts models
-(Mixtral, Qwen2-MoE, gpt-oss) and Whisper (speech-seq2seq).
+LoRA and QLoRA on Llama, GPT-2 and T5, LoRA dropout, an int8 base, a 4-bit base alone (nf4, fp4),
+mixture-of-experts models (Mixtral, Qwen2-MoE, gpt-oss, DeepSeek-V3) and Whisper (speech-seq2seq).
 
 Each case is planned (``--target cpu``) and trained for real on CPU by the tests' oracle
 (tests/plan/conftest.py); the real models are built as users build them: PEFT's ``get_peft_model``
@@ -37,7 +37,7 @@ def _auto(task: str) -> Any:
     return transformers.AutoModelForSeq2SeqLM if task == "seq2seq-lm" else transformers.AutoModelForCausalLM
 
 
-def _builder(task: str, quant: str | None, dropout: float = 0.0) -> Callable[[Any], Any]:
+def _builder(task: str, quant: str | None, dropout: float = 0.0, lora: bool = True) -> Callable[[Any], Any]:
     def build(cfg: Any) -> Any:
         import torch
         from peft import LoraConfig, get_peft_model
@@ -59,7 +59,7 @@ def _builder(task: str, quant: str | None, dropout: float = 0.0) -> Callable[[An
             with tempfile.TemporaryDirectory() as tmp:
                 _auto(task).from_config(cfg).save_pretrained(tmp)
                 model = _auto(task).from_pretrained(tmp, quantization_config=qconfig, device_map="cpu")
-        return get_peft_model(model, LoraConfig(r=8, lora_dropout=dropout))
+        return get_peft_model(model, LoraConfig(r=8, lora_dropout=dropout)) if lora else model
 
     return build
 
@@ -115,6 +115,21 @@ def _cases() -> list[Case]:
             layer_types=["sliding_attention", "full_attention"],
             **common,
         ),
+        "deepseek_v3": transformers.DeepseekV3Config(
+            intermediate_size=128,
+            moe_intermediate_size=32,
+            first_k_dense_replace=1,
+            n_routed_experts=4,
+            n_shared_experts=1,
+            n_group=1,
+            topk_group=1,
+            kv_lora_rank=16,
+            q_lora_rank=32,
+            qk_rope_head_dim=8,
+            qk_nope_head_dim=8,
+            v_head_dim=16,
+            **{**common, "num_key_value_heads": 4},
+        ),
     }
     whisper = transformers.WhisperConfig(
         vocab_size=1000,
@@ -166,8 +181,13 @@ def _cases() -> list[Case]:
             {},
         )
     )
+    for quant in ("nf4", "fp4"):
+        alone = PlanSettings(**{**llama, "lora_rank": None}, quant=quant)
+        builder = _builder("causal-lm", quant, lora=False)
+        cases.append((f"llama --quant {quant}", dense["llama"], "causal-lm", alone, builder, {}))
+    both = ("mixtral", "deepseek_v3")
     for name, cfg in moe.items():
-        for precision in [Precision.FP32, Precision.BF16_MIXED] if name == "mixtral" else [Precision.FP32]:
+        for precision in [Precision.FP32, Precision.BF16_MIXED] if name in both else [Precision.FP32]:
             settings = PlanSettings(**base, seq_len=64, precision=precision)
             cases.append((f"{name} {precision.value}", cfg, "causal-lm", settings, None, {}))
     for precision in (Precision.FP32, Precision.BF16_MIXED):

@@ -4,14 +4,16 @@ from __future__ import annotations
 
 import os
 import socket
+from collections.abc import Mapping
 from typing import Any
 
 import torch
 
+from anatomy.hook.adapters import lora_adapter
 from anatomy.hook.detect import detect_optimizer
 from anatomy.hook.guard import Feature, Guard
 from anatomy.hook.tensors import dominant_dtype, dtype_name, parameter_count
-from anatomy.protocol import MAX_CONFIG_CHARS, MAX_OTHER_MODELS, Hello
+from anatomy.protocol import MAX_BATCH_DIMS, MAX_CONFIG_CHARS, MAX_OTHER_MODELS, Hello
 from anatomy.vocabulary import Precision
 
 
@@ -36,9 +38,11 @@ def build_hello(
     quantization: str | None = None,
     others: dict[str, int] | None = None,
     batch_shape: tuple[int, ...] | None = None,
+    target_shape: tuple[int, ...] | None = None,
 ) -> Hello:
     """``trainable``, ``quantization`` and ``others`` as the tracker last summed them (the trainable count,
-    the weights' bitsandbytes format, each other model's bytes)."""
+    the weights' bitsandbytes format, each other model's bytes); ``batch_shape`` and ``target_shape`` as
+    the first forward gave them (:func:`target_shape`)."""
     count, dtype = 0, "float32"
     with guard(Feature.DEVICE):
         count, dtype = parameter_count(model), dtype_name(dominant_dtype(model))
@@ -63,10 +67,31 @@ def build_hello(
         weight_quantization=quantization,
         # the protocol's limit: the component's figure still sums them all
         other_models=dict(list(others.items())[:MAX_OTHER_MODELS]) if others is not None else None,
-        batch_shape=batch_shape,
+        batch_shape=_bounded(batch_shape),
         model_config=model_config_json(model),
+        target_shape=_bounded(target_shape),
+        lora=lora_adapter(model),
         **_device_facts(model, device if is_cuda else None, guard),
     )
+
+
+TARGET_KEYS = ("labels", "decoder_input_ids")
+
+
+def target_shape(kwargs: Mapping[str, Any]) -> tuple[int, ...] | None:
+    """The shape of the forward's ``labels`` (else ``decoder_input_ids``) passed by keyword, as a Trainer
+    and a seq2seq collator pass them: an encoder-decoder's target length, which its first input does not
+    tell. Read on the first forward only."""
+    for key in TARGET_KEYS:
+        value = kwargs.get(key)
+        if isinstance(value, torch.Tensor):
+            return tuple(int(n) for n in value.shape)
+    return None
+
+
+def _bounded(shape: tuple[int, ...] | None) -> tuple[int, ...] | None:
+    """A shape the protocol carries (at most MAX_BATCH_DIMS dimensions); None for a longer one."""
+    return shape if shape is not None and len(shape) <= MAX_BATCH_DIMS else None
 
 
 def model_config_json(model: torch.nn.Module) -> str | None:

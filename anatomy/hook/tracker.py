@@ -53,7 +53,7 @@ from anatomy.hook.gradients import GradientWatcher
 from anatomy.hook.guard import MAX_TEXT, Feature, Guard
 from anatomy.hook.heap import HostHeap
 from anatomy.hook.held import Held
-from anatomy.hook.hello import build_hello
+from anatomy.hook.hello import build_hello, target_shape
 from anatomy.hook.opgroups import OpGroupProfiler
 from anatomy.hook.others import OtherModels
 from anatomy.hook.paged import paged_state_bytes
@@ -165,7 +165,7 @@ def hook_disabled() -> bool:
 
 
 def _first_tensor(args: tuple[Any, ...], kwargs: Mapping[str, Any]) -> torch.Tensor | None:
-    for key in ("input_ids", "inputs_embeds", "pixel_values", "input_values", "x", "input"):
+    for key in ("input_ids", "inputs_embeds", "pixel_values", "input_values", "input_features", "x", "input"):
         value = kwargs.get(key)
         if isinstance(value, torch.Tensor):
             return value
@@ -275,6 +275,7 @@ class Tracker:
         self._built_errors = 0  # the guard's version then
         self._hello: Hello | None = None
         self._batch_shape: tuple[int, ...] | None = None  # the first batch tensor's, for `plan --like`
+        self._target_shape: tuple[int, ...] | None = None  # the first batch's labels', likewise
         self._started_at = time.time()
         self._suggestions: list[Suggestion] = []
         self._advised_at = -1e9
@@ -934,6 +935,7 @@ class Tracker:
             shape = tuple(x.shape) if x is not None else None
             if shape is not None and self._batch_shape is None:
                 self._batch_shape = shape  # once: a shape that varies per step must not resend the hello
+                self._target_shape = target_shape(kwargs)
                 self._hello_changed()
             if x is not None and x.dim() >= 1 and (rec.samples is None or rec.tokens is None):
                 rec.samples_seen += int(x.shape[0])
@@ -1345,6 +1347,7 @@ class Tracker:
                 quantization=self._quantization,
                 others=dict(self._sums.other_by_name) if self._others else None,
                 batch_shape=self._batch_shape,
+                target_shape=self._target_shape,
             )
         return self._hello
 

@@ -3,11 +3,12 @@ what that process's hook measured, component by component.
 
 The process is found as the monitor finds it (the runtime directory of :mod:`anatomy.rundir`, its
 sockets through :func:`anatomy.protocol.discover`, read with :class:`anatomy.protocol.Reader`). Its
-hello carries what a plan needs: the Hugging Face config (``model_config``), the first batch's shape,
-the precision, the optimizer, the device, and under torchrun the world size; whether the job shards
-(FSDP2: the snapshot has all-gathered parameters) or replicates (DDP: it has communication buffers) is
-read from its snapshot. Options the hook cannot see (checkpointing, padding, the loop) are the
-command line's.
+hello carries what a plan needs (:mod:`anatomy.plan.like_settings` reads it): the Hugging Face config
+(``model_config``), the first batch's shape and its labels', the precision, the optimizer, the device,
+under torchrun the world size, and a LoRA / QLoRA job's adapter and quantized base; whether the job
+shards (FSDP2: the snapshot has all-gathered parameters) or replicates (DDP: it has communication
+buffers) is read from its snapshot. Options the hook cannot see (checkpointing, padding, the loop) are
+the command line's.
 
 Stdlib until the plan itself runs (the monitor runs this module in a subprocess: it never imports torch).
 """
@@ -16,12 +17,13 @@ from __future__ import annotations
 
 import json
 import time
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, TextIO
 
-from anatomy.plan.settings import OPTIMIZER_KINDS, PLANNED_PRECISIONS, PlanError, PlanSettings, Target
+from anatomy.plan.like_settings import like_notes, settings_like
+from anatomy.plan.settings import PlanError, PlanSettings, Target
 from anatomy.units import fmt_bytes
-from anatomy.vocabulary import Component, Precision
+from anatomy.vocabulary import Component
 
 if TYPE_CHECKING:
     from pathlib import Path
@@ -38,13 +40,13 @@ COMPARED = (
     Component.COMMUNICATION_BUFFERS,
     Component.TEMPORARIES,
 )
-# What the process holds besides the step's tensors: not planned, so left out of the compared peak.
+# What the process holds besides the step's tensors: not planned, so left out of the compared peak. The
+# hook's inputs (the batch's storages saved for backward) are the step's: a plan counts them as activations.
 OUTSIDE_TENSORS = (
     Component.RUNTIME,
     Component.UNATTRIBUTED,
     Component.CUDA_CONTEXT,
     Component.ALLOCATOR_CACHE,
-    Component.INPUTS,
 )
 
 
@@ -85,59 +87,6 @@ def read_process(pid: int, directory: Path | None = None, wait_s: float = WAIT_S
     raise PlanError(f"process {pid} published no measured step within {wait_s:.0f} s")
 
 
-def settings_like(measured: Measured, base: PlanSettings) -> tuple[Any, PlanSettings]:
-    """The config and the settings of the process's job (``base``: the command line's other options)."""
-    hello, snap = measured.hello, measured.snapshot
-    if not hello.model_config:
-        raise PlanError(
-            f"process {hello.pid} ({hello.model_class}) published no Hugging Face config: "
-            "only transformers models can be planned"
-        )
-    if not hello.batch_shape:
-        raise PlanError(f"process {hello.pid} has not run a forward yet (no batch shape)")
-    try:
-        precision = Precision(hello.precision)
-    except ValueError:
-        precision = Precision.FP32
-    if precision not in PLANNED_PRECISIONS:
-        raise PlanError(f"process {hello.pid} trains in {hello.precision}, which is not planned")
-    optimizer = next((k for k, v in OPTIMIZER_KINDS.items() if v.value == hello.optimizer), None)
-    if optimizer is None:
-        raise PlanError(
-            f"process {hello.pid}'s optimizer ({hello.optimizer_class or hello.optimizer}) is not planned"
-        )
-    from transformers import AutoConfig
-
-    data = json.loads(hello.model_config)
-    model_type = data.pop("model_type", None)
-    if not isinstance(model_type, str):
-        raise PlanError(f"process {hello.pid}'s config names no model_type")
-    config = AutoConfig.for_model(model_type, **data)
-    config.architectures = [hello.model_class]  # the head it trains
-    shape = hello.batch_shape
-    image = len(shape) == 4
-    world = hello.world_size or 1
-    fsdp: tuple[int, ...] = ()
-    ddp: tuple[int, ...] = ()
-    if world > 1 and snap.memory.get(Component.UNSHARDED_PARAMETERS) is not None:
-        fsdp = (world,)
-    elif world > 1 and snap.memory.get(Component.COMMUNICATION_BUFFERS) is not None:
-        ddp = (world,)
-    settings = replace(
-        base,
-        batch_size=shape[0],
-        seq_len=None if image else (shape[1] if len(shape) >= 2 else None),
-        image_size=shape[2] if image else None,
-        precision=precision,
-        optimizer=optimizer,
-        target=Target.CPU if hello.device == "cpu" else Target.CUDA,
-        padded=base.padded if base.padded is not None else False,  # the hook saw no mask: plan none
-        fsdp=fsdp,
-        ddp=ddp,
-    )
-    return config, settings
-
-
 @dataclass
 class Comparison:
     label: str
@@ -151,7 +100,7 @@ def compare(pid: int, base: PlanSettings, directory: Path | None = None) -> Comp
     from anatomy.plan.planner import Planner
 
     hello, snap = measured.hello, measured.snapshot
-    planner = Planner(config, None, name=f"PID {pid}")
+    planner = Planner(config, settings.task, name=f"PID {pid}")
     gpu_bytes = hello.device_memory_bytes if settings.target is Target.CUDA else None
     planner.check(settings, None, gpu_bytes)
     result = planner.plan(settings, None, gpu_bytes)
@@ -166,18 +115,22 @@ def compare(pid: int, base: PlanSettings, directory: Path | None = None) -> Comp
         components, peak = rp.components, rp.peak_bytes
         kind = f"{'FSDP2' if settings.fsdp else 'DDP'} rank {hello.rank} of {hello.world_size}"
     rows: list[tuple[str, int | None, int | None]] = []
+    inputs = snap.memory.get(Component.INPUTS)
     for comp in COMPARED:
         planned, got = components.get(comp), snap.memory.get(comp)
         if planned is None and got is None:
             continue
+        if comp is Component.ACTIVATIONS and got is not None and inputs:
+            got += inputs
         rows.append((comp.label, planned, got))
     measured_peak = None
     if snap.peak_bytes is not None and snap.at_peak is not None:
         measured_peak = snap.peak_bytes - sum(snap.at_peak.get(c) or 0 for c in OUTSIDE_TENSORS)
     rows.append(("Peak (tensors)", peak, measured_peak))
+    kept = result.outputs_kept_bytes
     w = result.workload
     label = (
-        f"PID {pid}: {hello.model_class} ({result.task.value}), {w.describe()}, {hello.precision}, "
+        f"PID {pid}: {model_named(hello)} ({result.task.value}), {w.describe()}, {hello.precision}, "
         f"{hello.optimizer_class or hello.optimizer}, {hello.device}, {kind}; measured at step {snap.step}"
     )
     notes = [
@@ -185,11 +138,27 @@ def compare(pid: int, base: PlanSettings, directory: Path | None = None) -> Comp
         + ("padded batches" if settings.padded else "no attention-mask padding")
         + (", gradient checkpointing" if settings.gradient_checkpointing else "")
         + f", {'a plain loop' if settings.keep_outputs else 'the Trainer loop'}",
-        "peak (tensors): the measured peak without runtime, unattributed, inputs, CUDA context and "
-        "allocator cache, which a plan does not model; on CPU the hook reads the heap at phase "
-        "boundaries, so a peak inside a phase can be missed",
+        "peak (tensors): the measured peak without runtime, unattributed, CUDA context and allocator "
+        "cache, which a plan does not model; on CPU the hook reads the heap at phase boundaries, so a "
+        "peak inside a phase can be missed",
+        *(
+            [
+                f"activations measured: the hook's activations and its inputs ({fmt_bytes(inputs)}: the "
+                "batch's storages saved for backward, which a plan counts as activations)"
+            ]
+            if inputs
+            else []
+        ),
+        # held outputs under 1% of the peak (a classifier's logits) are not worth a note
+        *like_notes(hello, settings, result.trainable_parameters, kept if 100 * kept >= peak else 0),
     ]
     return Comparison(label, rows, notes)
+
+
+def model_named(hello: Hello) -> str:
+    """The hello's model class, and a PEFT model's base class with its adapter."""
+    base = hello.lora.base_model_class if hello.lora is not None else ""
+    return f"{hello.model_class} of {base} + LoRA" if base else hello.model_class
 
 
 def error_pct(planned: int | None, measured: int | None) -> str:

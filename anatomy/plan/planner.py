@@ -242,6 +242,7 @@ class Planner:
             total_bytes=peak + (context or 0) + (headroom or 0),
             gpu=resolve_gpu(gpu, gpu_bytes) if cuda else None,
             kv_cache_bytes=prof.kv_cache,
+            outputs_kept_bytes=prof.kept_after_backward if settings.keep_outputs else 0,
             notes=self._notes(settings, workload, prof),
             warnings=warnings,
             elapsed_s=time.perf_counter() - started,

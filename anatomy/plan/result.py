@@ -29,6 +29,7 @@ class PlanResult:
     total_bytes: int  # peak + CUDA context + allocator headroom
     gpu: GpuMemory | None  # None: the CPU target, fitted to nothing
     kv_cache_bytes: int = 0  # the cache the forward returns, held by the loop's `out`
+    outputs_kept_bytes: int = 0  # what the loop's `out` holds after backward (logits, the KV cache, ...)
     notes: list[str] = field(default_factory=list)
     warnings: list[str] = field(default_factory=list)
     elapsed_s: float = 0.0

@@ -11,7 +11,9 @@ optional components (runtime, unsharded_parameters, inputs, communication_buffer
 ``run_id``/``local_world_size``; a version 1 message is a valid version 2 message. Version 3 added the
 ``other_models`` component (a reader of version 2 would reject the unknown component name, so it refuses
 the version instead) and the optional ``trainable_parameter_count``, ``weight_quantization`` and
-``other_models`` hello fields; a version 1 or 2 message is a valid version 3 message.
+``other_models`` hello fields; a version 1 or 2 message is a valid version 3 message. Optional hello fields
+added since, without a version change (a reader ignores them): ``model_config``, ``batch_shape``,
+``target_shape`` and ``lora`` (for ``anatomy-top plan --like``).
 
 The package's rooms: :mod:`~anatomy.protocol.messages` (the dataclasses), :mod:`~anatomy.protocol.bounds`
 (limits and ProtocolError), :mod:`~anatomy.protocol.codec` (encode, decode, validation),
@@ -31,6 +33,8 @@ from anatomy.protocol.bounds import (
     MAX_EPOCH_S,
     MAX_FLOAT,
     MAX_INT,
+    MAX_LORA_RANK,
+    MAX_LORA_TARGETS,
     MAX_MESSAGE_BYTES,
     MAX_MFU,
     MAX_MODEL_NAME,
@@ -63,6 +67,7 @@ from anatomy.protocol.messages import (
     Busy,
     CudaMemory,
     Hello,
+    LoraAdapter,
     Message,
     OpGroupStat,
     Snapshot,
@@ -80,6 +85,8 @@ __all__ = [
     "MAX_EPOCH_S",
     "MAX_FLOAT",
     "MAX_INT",
+    "MAX_LORA_RANK",
+    "MAX_LORA_TARGETS",
     "MAX_MESSAGE_BYTES",
     "MAX_MFU",
     "MAX_MODEL_NAME",
@@ -99,6 +106,7 @@ __all__ = [
     "CudaMemory",
     "FileIdentity",
     "Hello",
+    "LoraAdapter",
     "Message",
     "OpGroupStat",
     "Peer",

@@ -23,6 +23,8 @@ MAX_BYTES_PER_PARAM = 1e6
 MAX_SPEED_FACTOR = 1e3
 MAX_CONFIG_CHARS = 32 * 1024  # a hello's model_config: a large config (id2label of 20k labels) is left out
 MAX_BATCH_DIMS = 8
+MAX_LORA_RANK = 1 << 16  # a hello's LoRA adapter: rank r (PEFT's are 4 to 256)
+MAX_LORA_TARGETS = 64  # target module names in a hello's LoRA adapter
 MAX_STRING_CHARS = 4096  # any other string field
 MAX_SUGGESTIONS = 64
 

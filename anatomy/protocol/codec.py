@@ -17,6 +17,8 @@ from anatomy.protocol.bounds import (
     MAX_EPOCH_S,
     MAX_FLOAT,
     MAX_INT,
+    MAX_LORA_RANK,
+    MAX_LORA_TARGETS,
     MAX_MESSAGE_BYTES,
     MAX_MFU,
     MAX_MODEL_NAME,
@@ -35,6 +37,7 @@ from anatomy.protocol.messages import (
     Busy,
     CudaMemory,
     Hello,
+    LoraAdapter,
     Message,
     OpGroupStat,
     Snapshot,
@@ -165,7 +168,30 @@ def _hello_from(d: Mapping[str, Any]) -> Hello:
         other_models=_other_models(d),
         model_config=_config_json(d),
         batch_shape=_shape(d, "batch_shape"),
+        target_shape=_shape(d, "target_shape"),
+        lora=_lora(d),
     )
+
+
+def _lora(d: Mapping[str, Any]) -> LoraAdapter | None:
+    raw = _req(d, "lora", dict, nullable=True)
+    if raw is None:
+        return None
+    rank = _req(raw, "rank", int)
+    if not 1 <= rank <= MAX_LORA_RANK:
+        raise ProtocolError(f"lora: rank {rank} is outside 1..{MAX_LORA_RANK}")
+    targets = _req(raw, "target_modules", (list, tuple))
+    if not 1 <= len(targets) <= MAX_LORA_TARGETS:
+        raise ProtocolError(f"lora: 1 to {MAX_LORA_TARGETS} target modules")
+    if not all(isinstance(t, str) and 0 < len(t) <= MAX_MODEL_NAME for t in targets):
+        raise ProtocolError("lora: a target module is not a short name")
+    dropout = _opt_num(raw, "dropout", 1.0) or 0.0
+    if dropout >= 1.0:
+        raise ProtocolError("lora: dropout is not below 1")
+    base = _req(raw, "base_model_class", str, nullable=True) or ""
+    if len(base) > MAX_MODEL_NAME:
+        raise ProtocolError("lora: base_model_class is not a short name")
+    return LoraAdapter(rank=rank, target_modules=tuple(targets), dropout=dropout, base_model_class=base)
 
 
 def _quantization(d: Mapping[str, Any]) -> str | None:

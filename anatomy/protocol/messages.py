@@ -13,6 +13,16 @@ READABLE_VERSIONS = frozenset({1, 2, 3})
 
 
 @dataclass(frozen=True)
+class LoraAdapter:
+    """The LoRA adapter a PEFT model trains (its active one), for `anatomy-top plan --like`."""
+
+    rank: int  # r
+    target_modules: tuple[str, ...]  # the adapted modules' names (their last component: q_proj, ...)
+    dropout: float = 0.0  # lora_dropout
+    base_model_class: str = ""  # the wrapped transformers model's class (the hello's model_class is PEFT's)
+
+
+@dataclass(frozen=True)
 class Hello:
     pid: int
     host: str
@@ -45,6 +55,11 @@ class Hello:
     # the defaults, at most MAX_CONFIG_CHARS) and the shape of the first batch tensor the model was fed.
     model_config: str | None = None
     batch_shape: tuple[int, ...] | None = None
+    # Optional, for `plan --like` too: the shape of the first forward's ``labels`` (else its
+    # ``decoder_input_ids``) when passed by keyword (an encoder-decoder's target length), and the LoRA
+    # adapter when the model is a PEFT LoRA model.
+    target_shape: tuple[int, ...] | None = None
+    lora: LoraAdapter | None = None
     protocol: int = PROTOCOL_VERSION
     type: str = "hello"
 
@@ -139,4 +154,3 @@ class Busy:
 
 
 Message = Hello | Snapshot | Busy
-

@@ -330,9 +330,11 @@ def measure_real_step(
             if sampler is not None:
                 sampler.paused = True
             with torch.no_grad():
-                # A copy may be saved as a view (a transposed weight): compare whole storages.
+                # A copy may be saved as a view (a transposed weight): compare whole storages. Autocast
+                # copies are floating point: an integer tensor (DeepSeek-V3's routing indices, all 0)
+                # would equal a small-valued weight truncated to integers.
                 flat = torch.empty(0, dtype=t.dtype).set_(st)
-                is_copy = any(
+                is_copy = t.is_floating_point() and any(
                     p.numel() == flat.numel()
                     and p.dtype != t.dtype
                     and torch.equal(p.detach().to(t.dtype).reshape(-1), flat)

@@ -146,12 +146,13 @@ def test_lora_dropout_saves_the_dropped_input(configs: dict[str, Any], real_step
     assert result.components[Component.ACTIVATIONS] > plain.components[Component.ACTIVATIONS]
 
 
-def test_quantized_base_alone(configs: dict[str, Any], real_step: Any) -> None:
-    """--quant nf4 without LoRA: the 4-bit layers frozen, every other module (embeddings, norms,
+@pytest.mark.parametrize("quant", ["nf4", "fp4"])
+def test_quantized_base_alone(quant: str, configs: dict[str, Any], real_step: Any) -> None:
+    """--quant nf4 / fp4 without LoRA: the 4-bit layers frozen, every other module (embeddings, norms,
     the head) trained, as a model loaded with a BitsAndBytesConfig trains."""
-    settings = _settings("llama", quant="nf4")
+    settings = _settings("llama", quant=quant)
     result = Planner(configs["llama"], "causal-lm").plan(settings)
-    build = _real_builder("causal-lm", "nf4", lora=False)
+    build = _real_builder("causal-lm", quant, lora=False)
     measured = real_step(configs["llama"], "causal-lm", settings, steps=2, build=build)
     _check(result, measured)
 
@@ -206,7 +207,7 @@ def test_4bit_layout_matches_linear4bit(shape: tuple[int, int], double_quant: bo
 
 @pytest.fixture(scope="module")
 def moe_configs() -> dict[str, Any]:
-    from transformers import GptOssConfig, MixtralConfig, Qwen2MoeConfig
+    from transformers import DeepseekV3Config, GptOssConfig, MixtralConfig, Qwen2MoeConfig
 
     common = {
         "vocab_size": 1000,
@@ -234,6 +235,23 @@ def moe_configs() -> dict[str, Any]:
             layer_types=["sliding_attention", "full_attention"],
             **common,
         ),
+        # DeepSeek-V3: multi-head latent attention (low-rank q and kv), a dense first layer, then
+        # routed experts beside a shared one, group-limited routing with a score-correction bias.
+        "deepseek_v3": DeepseekV3Config(
+            intermediate_size=128,
+            moe_intermediate_size=32,
+            first_k_dense_replace=1,
+            n_routed_experts=4,
+            n_shared_experts=1,
+            n_group=1,
+            topk_group=1,
+            kv_lora_rank=16,
+            q_lora_rank=32,
+            qk_rope_head_dim=8,
+            qk_nope_head_dim=8,
+            v_head_dim=16,
+            **{**common, "num_key_value_heads": 4},
+        ),
     }
 
 
@@ -244,6 +262,8 @@ def moe_configs() -> dict[str, Any]:
         ("mixtral", Precision.BF16_MIXED),
         ("qwen2_moe", Precision.FP32),
         ("gpt_oss", Precision.FP32),
+        ("deepseek_v3", Precision.FP32),
+        ("deepseek_v3", Precision.BF16_MIXED),
     ],
 )
 def test_moe_plan_matches_real_step(
@@ -255,9 +275,14 @@ def test_moe_plan_matches_real_step(
     measured = real_step(config, "causal-lm", settings, steps=2)
     _check(result, measured)
     # Every expert's weights are counted: an independent count of the experts' parameters.
-    experts = getattr(config, "num_local_experts", None) or config.num_experts
+    experts = (
+        getattr(config, "num_local_experts", None)
+        or getattr(config, "n_routed_experts", None)
+        or config.num_experts
+    )
     inner = getattr(config, "moe_intermediate_size", None) or config.intermediate_size
-    expert_params = config.num_hidden_layers * experts * 3 * config.hidden_size * inner
+    moe_layers = config.num_hidden_layers - (getattr(config, "first_k_dense_replace", None) or 0)
+    expert_params = moe_layers * experts * 3 * config.hidden_size * inner
     assert result.parameter_count > expert_params
     assert any("expected and the worst case" in n for n in result.notes)
 
