@@ -3,6 +3,7 @@ snapshots, no training), listed, resolved and rendered; the page loaded in headl
 
 from __future__ import annotations
 
+import itertools
 import json
 import os
 import re
@@ -15,7 +16,7 @@ import pytest
 
 from anatomy import runs
 from anatomy.vocabulary import COMPONENT_LABELS, Component
-from tui.runreport import cli, page
+from tui.runreport import charts, cli, page
 
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "benchmarks"))
@@ -184,3 +185,24 @@ def test_chromium_renders_the_report_and_the_png_is_an_image(records: Path, tmp_
     with Image.open(png_path) as picture:
         assert picture.format == "PNG" and picture.width >= 1000 and picture.height >= 600
         assert len(picture.convert("RGB").getcolors(maxcolors=1 << 20) or []) > 20
+
+
+def test_series_are_thinned_by_step_range_not_by_point_count() -> None:
+    # A recorded run's shape: its old history thin (one point in the first 40 %), its recent past dense.
+    xs = [0.0, 25_000.0] + [float(x) for x in range(40_000, 100_001, 10)]
+    ys: list[float | None] = [float(x % 7) for x in xs]
+    tx, ty = charts.thin(xs, ys)
+    assert len(tx) <= charts.MAX_POINTS and len(tx) == len(ty)
+    assert tx[0] == 0.0 and tx[-1] == 100_000.0  # the whole run, from its first step to its last
+    assert 25_000.0 in tx  # the lone early point keeps its place (a bucket of its own)
+    width = 100_000 / charts.MAX_POINTS
+    # Every bucket holds the points of one x range: each x within a bucket of the data, none skipped.
+    assert sorted(tx) == tx
+    assert max(b - a for a, b in itertools.pairwise(tx[2:])) <= 2 * width
+    # A bucket's value: the mean (or max) of the points in its range, computed here independently.
+    some = tx[len(tx) // 2]
+    b = int((some - 0.0) / width)
+    inside = [y for x, y in zip(xs, ys, strict=True) if b * width <= x < (b + 1) * width and y is not None]
+    assert ty[tx.index(some)] == pytest.approx(sum(inside) / len(inside))
+    _, peaks = charts.thin(xs, ys, how="max")
+    assert peaks[tx.index(some)] == max(inside)
