@@ -4,6 +4,8 @@ a torn last record, a disk that refuses writes, and where it records (never the 
 from __future__ import annotations
 
 import errno
+import gc
+import itertools
 import logging
 import os
 import re
@@ -13,6 +15,7 @@ import subprocess
 import sys
 import textwrap
 import time
+import tracemalloc
 from pathlib import Path
 
 import pytest
@@ -143,6 +146,93 @@ def test_thinned_history_keeps_the_whole_shape_within_the_budget(tmp_path: Path)
     assert run.hellos[1][1] is not None and 19_990 <= run.hellos[1][1] < 20_000
     assert len(run.ooms) == 1 and run.ended == "oom"
     assert not list(tmp_path.glob("*.tmp"))
+
+
+def _per_decile(steps: list[int], end: int) -> list[int]:
+    counts = [0] * 10
+    for s in steps:
+        counts[min(s * 10 // end, 9)] += 1
+    return counts
+
+
+def test_many_rewrites_keep_the_old_history_even_in_steps(tmp_path: Path) -> None:
+    budget = 512 * 1024
+    recorder = Recorder(tmp_path, max_bytes=budget, snapshot_interval_s=0.0)
+    hello = _hello()
+    steps, per_tick = 40_000, 10  # a snapshot every 10 steps at full detail
+    for start in range(0, steps, per_tick):
+        recorder.tick(hello, [_snap(s, 10_000 + s % 100) for s in range(start, start + per_tick)])
+    recorder.close(hello, [])
+    assert recorder.rewrites >= 10  # the oldest history was thinned again and again
+    assert recorder.path is not None and recorder.path.stat().st_size <= budget
+    run = runs.read_run(recorder.path)
+    snap_steps = [s.step for s in run.snapshots]
+    assert snap_steps[0] < steps // 100 and snap_steps[-1] == steps - 1
+    # The recent past in full: from the end back, a snapshot every tick; before it, the old history.
+    recent = len(snap_steps) - 1
+    while recent > 0 and snap_steps[recent] - snap_steps[recent - 1] == per_tick:
+        recent -= 1
+    old_end = snap_steps[recent]
+    assert steps // 2 < old_end < steps - 20 * per_tick
+    # The old history as an even grid in steps: every tenth of it holds about as many snapshots and
+    # step rows as any other (thinning by position halved the oldest part again at every rewrite).
+    old_snaps = _per_decile([s for s in snap_steps if s < old_end], old_end)
+    old_rows = _per_decile([r.step for r in run.rows if r.step < old_end], old_end)
+    for counts in (old_snaps, old_rows):
+        mean = sum(counts) / 10
+        assert mean >= 5 and min(counts) >= mean / 2 and max(counts) <= mean * 2, counts
+    assert sum(r.n for r in run.rows) == steps
+    # The report's memory chart covers the whole run, from its first steps on.
+    from tui.runreport import page
+
+    chart = page.memory_chart(run)
+    xs = chart.stacked[0].xs
+    assert xs[0] < steps // 100 and xs[-1] == steps - 1
+    assert max(b - a for a, b in itertools.pairwise(xs)) < steps / 20
+
+
+def test_the_record_in_memory_is_a_few_objects_however_long_the_run(tmp_path: Path) -> None:
+    # What the recorder keeps to rewrite the file lives in the training process: row lists would be
+    # tens of thousands of objects for every full garbage collection to walk, and ~300 bytes a step.
+    recorder = Recorder(tmp_path, snapshot_interval_s=1e9)  # one snapshot, then step rows only
+    hello = _hello()
+
+    def record(first: int, last: int) -> None:
+        for start in range(first, last, 10):
+            recorder.tick(hello, [_snap(s, 10_000 + s) for s in range(start, start + 10)])
+
+    record(0, 1_000)
+    gc.collect()
+    objects = len(gc.get_objects())
+    tracemalloc.start()
+    try:
+        record(1_000, 11_000)
+        gc.collect()
+        grown, _ = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert len(gc.get_objects()) - objects < 100
+    assert grown / 10_000 < 120  # bytes a step: nine 8-byte columns and a little bookkeeping
+    assert recorder.rewrites == 0 and recorder.path is not None
+    assert [r.step for r in runs.read_run(recorder.path).rows] == list(range(11_000))
+
+
+def test_a_rewrite_does_not_trust_a_file_changed_behind_its_back(tmp_path: Path) -> None:
+    # A rewrite copies the lines that stay from the file; a file that is not what was written (here a
+    # line appended by someone else) is written afresh from what the recorder holds.
+    recorder = Recorder(tmp_path, max_bytes=64 * 1024, snapshot_interval_s=0.0)
+    hello = _hello()
+    recorder.tick(hello, [_snap(s, 100 + s) for s in range(10)])
+    assert recorder.path is not None
+    with open(recorder.path, "ab") as other:
+        other.write(b'{"type":"steps","rows":[[999999,1,1,1,1,1,1,1,1]]}\n')
+    for start in range(10, 3_000, 10):
+        recorder.tick(hello, [_snap(s, 100 + s) for s in range(start, start + 10)])
+    recorder.close(hello, [])
+    assert recorder.rewrites >= 1
+    run = runs.read_run(recorder.path)
+    assert run.skipped == 0 and run.ended == "finished"
+    assert run.rows[-1].step == 2_999 and sum(r.n for r in run.rows) == 3_000
 
 
 def test_a_torn_last_record_is_skipped_and_nothing_before_it_lost(tmp_path: Path) -> None:
