@@ -36,7 +36,7 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
-from anatomy import protocol
+from anatomy import protocol, run_ending
 from anatomy.protocol import Hello, Snapshot
 from anatomy.record_log import EVENT, SNAPSHOT, RecordLog, rounded, rows_line
 from anatomy.rundir import ensure_private_dir
@@ -44,7 +44,7 @@ from anatomy.rundir import ensure_private_dir
 log = logging.getLogger("anatomy")
 
 FORMAT = "anatomy-top-record"
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2  # 2: the header's proc_start, an end's "crashed" and error
 ENV_RECORD = "ANATOMY_TOP_RECORD"
 SUFFIX = ".anatomy.jsonl"
 MAX_RUN_BYTES = 16 * 1024 * 1024
@@ -145,6 +145,8 @@ class Recorder:
         self._last_snap_at = -1e18
         self._ended = False
         self._header: dict[str, Any] = {}
+        self._crash: str | None = None
+        run_ending.watch_for_crash()
 
     @classmethod
     def from_setting(cls, setting: RecordSetting, interval_s: float = 0.5) -> Recorder | None:
@@ -163,8 +165,15 @@ class Recorder:
         except Exception as exc:  # a full or read-only disk, a foreign directory: stop, say it once
             self._stop(exc)
 
-    def close(self, hello: Hello, snapshots: Iterable[Snapshot], how: str = "finished") -> None:
-        """The last steps, then the end record: the run ended normally (an OOM is its own record)."""
+    def crashed(self, exc: BaseException) -> None:
+        """The run is ending on ``exc`` (a tracker left by an exception): the end record will say
+        "crashed" and name it (a successful ``sys.exit()`` is no crash)."""
+        if run_ending.is_crash(exc):
+            self._crash = run_ending.describe(exc)
+
+    def close(self, hello: Hello, snapshots: Iterable[Snapshot], how: str | None = None) -> None:
+        """The last steps, then the end record: "finished", or "crashed" with the exception when the
+        tracker or the process is ending on one (an OOM is its own record)."""
         self.tick(hello, snapshots, final=True)
         if self.off or self._ended or self._fd is None:
             self._close_fd()
@@ -172,12 +181,15 @@ class Recorder:
         self._ended = True
         try:
             last = self._last_snap
-            end = {
+            error = self._crash or run_ending.crash()
+            end: dict[str, Any] = {
                 "type": "end",
                 "time": round(time.time(), 3),
-                "how": how,
+                "how": how or ("crashed" if error else "finished"),
                 "step": last.step if last is not None else None,
             }
+            if error and end["how"] == "crashed":
+                end["error"] = error
             self._append(EVENT, _line(end))
         except Exception as exc:
             self._stop(exc)
@@ -234,6 +246,8 @@ class Recorder:
             "version": FORMAT_VERSION,
             "created": round(time.time(), 3),
             "pid": hello.pid,
+            # With the PID, tells this process from a later one given its PID (anatomy.run_ending).
+            "proc_start": run_ending.process_start(hello.pid),
             "host": hello.host,
             "job": hello.run_id,
             "rank": hello.rank,
@@ -307,7 +321,7 @@ class Recorder:
             if total <= self.max_total_bytes:
                 break
             pid = _pid_of(path.name)
-            if pid is not None and protocol.pid_alive(pid) and pid != os.getpid():
+            if pid is not None and pid != os.getpid() and _still_running(path, pid):
                 continue
             with contextlib.suppress(OSError):
                 path.unlink()
@@ -343,6 +357,20 @@ def _write_all(fd: int, data: bytes) -> None:
     while view:
         n = os.write(fd, view)
         view = view[n:]
+
+
+def _still_running(path: Path, pid: int) -> bool:
+    """Whether the process that records into ``path`` still runs (its PID alive, and started when the
+    header says: not a later process given the same PID)."""
+    if not protocol.pid_alive(pid):
+        return False
+    started = None
+    with contextlib.suppress(OSError, ValueError):
+        with open(path, "rb") as f:
+            header = json.loads(f.readline(4096))
+        if isinstance(header, dict) and isinstance(header.get("proc_start"), int):
+            started = header["proc_start"]
+    return run_ending.same_process_alive(pid, started, True)
 
 
 _PID_RE = re.compile(r"-(\d+)(?:-\d+)?\.anatomy\.jsonl(?:\.tmp)?$")

@@ -28,6 +28,7 @@ class Channel:
         self._interval_s = interval_s
         self._directory = directory
         self.publisher: Publisher | None = None
+        self._recorder: Recorder | None = None
         self._tried = False
 
     @property
@@ -41,7 +42,7 @@ class Channel:
         self._tried = True
         with self._guard(Feature.PUBLISH):
             # The flight recorder rides on the publisher's thread; here it is only configured (no disk).
-            recorder = Recorder.from_setting(self._record, self._interval_s)
+            recorder = self._recorder = Recorder.from_setting(self._record, self._interval_s)
             pub = Publisher(hello, interval_s=self._interval_s, directory=self._directory, recorder=recorder)
             if pub.start() is None:
                 self._guard.turn_off(Feature.PUBLISH, "the socket could not be opened")
@@ -75,6 +76,12 @@ class Channel:
             return pub.write_oom(snap)
         directory = self._directory or protocol.runtime_dir(create=True)
         return protocol.write_oom_file(Path(directory), hello, snap)
+
+    def crashed(self, exc: BaseException) -> None:
+        """The tracker is closing on ``exc``: its record ends "crashed" (never raises)."""
+        if self._recorder is not None:
+            with self._guard(Feature.PUBLISH):
+                self._recorder.crashed(exc)
 
     def close(self) -> None:
         pub, self.publisher = self.publisher, None
