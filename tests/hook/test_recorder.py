@@ -328,8 +328,11 @@ def test_a_simulated_oom_is_recorded_with_the_steps_before_it(tmp_path: Path) ->
     assert shown == [s for s in range(30) if s < oom_step][-20:]
 
 
+@pytest.mark.parametrize(
+    ("code", "why"), [(errno.ENOSPC, "the disk is full"), (errno.EROFS, "the disk is read-only")]
+)
 def test_a_disk_that_refuses_writes_turns_recording_off_once(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture, code: int, why: str
 ) -> None:
     recorder = Recorder(tmp_path, snapshot_interval_s=0.0)
     hello = _hello()
@@ -337,7 +340,7 @@ def test_a_disk_that_refuses_writes_turns_recording_off_once(
     real_write = os.write
 
     def full(fd: int, data: bytes) -> int:
-        raise OSError(errno.ENOSPC, "No space left on device")
+        raise OSError(code, os.strerror(code))
 
     monkeypatch.setattr(rec_mod.os, "write", full)
     with caplog.at_level(logging.WARNING, logger="anatomy"):
@@ -347,8 +350,48 @@ def test_a_disk_that_refuses_writes_turns_recording_off_once(
     monkeypatch.setattr(rec_mod.os, "write", real_write)
     assert recorder.off
     lines = [r.getMessage() for r in caplog.records if "recording stopped" in r.getMessage()]
-    assert lines == ["anatomy-top: recording stopped (the disk is full); training and publishing go on"]
+    assert lines == [f"anatomy-top: recording stopped ({why}); training and publishing go on"]
     assert recorder.path is not None and [r.step for r in runs.read_run(recorder.path).rows] == [0]
+
+
+def test_a_read_only_disk_turns_recording_off_and_leaves_training_untouched(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    # A read-only mount: the record directory is there (made earlier), creating a file in it fails
+    # with EROFS (injected at os.open for paths in it: the tests run as root, whom chmod does not stop).
+    where = tmp_path / "runs"
+    where.mkdir(mode=0o700)
+    real_open = os.open
+
+    def read_only(path: str | os.PathLike[str], flags: int, *args: object, **kw: object) -> int:
+        if str(path).startswith(str(where)) and flags & (os.O_WRONLY | os.O_RDWR | os.O_CREAT):
+            raise OSError(errno.EROFS, os.strerror(errno.EROFS), str(path))
+        return real_open(path, flags, *args, **kw)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(os, "open", read_only)
+    reference, ref_opt = _tiny()
+    _train_plain(reference, ref_opt, 40)
+    model, opt = _tiny()
+    with caplog.at_level(logging.WARNING, logger="anatomy"):
+        with anatomy.track(model, opt, record=where, interval_s=0.05) as tracker:
+            _train(tracker, model, opt, 40)
+            time.sleep(0.2)  # a few publish intervals: the recorder tries, and stops
+            assert tracker.socket_path is not None and tracker.latest is not None  # still published
+            assert tracker.latest.step == 39
+        assert tracker.error is None
+    lines = [r.getMessage() for r in caplog.records if "recording stopped" in r.getMessage()]
+    assert lines == ["anatomy-top: recording stopped (the disk is read-only); training and publishing go on"]
+    assert list(where.iterdir()) == []
+    for mine, theirs in zip(model.parameters(), reference.parameters(), strict=True):
+        assert torch.equal(mine, theirs)  # the same training, step for step
+
+
+def _train_plain(model: torch.nn.Module, opt: torch.optim.Optimizer, steps: int) -> None:
+    x = torch.randn(4, 8)
+    for _ in range(steps):
+        model(x).pow(2).mean().backward()
+        opt.step()
+        opt.zero_grad()
 
 
 def test_an_unusable_record_directory_leaves_training_untouched(
