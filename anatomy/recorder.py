@@ -143,6 +143,8 @@ class Recorder:
         self._hello: Hello | None = None
         self._last_snap: Snapshot | None = None
         self._last_snap_at = -1e18
+        self._newest: Snapshot | None = None  # the newest snapshot handed over (an OOM's aside)
+        self._written: Snapshot | None = None  # the newest snapshot written
         self._ended = False
         self._header: dict[str, Any] = {}
         self._crash: str | None = None
@@ -220,14 +222,17 @@ class Recorder:
                 self._append(EVENT, _wrap("oom", protocol.encode(snap)))
                 self._last_snap = snap
         plain = [s for s in snapshots if s.oom is None]
-        latest = plain[-1] if plain else None
+        if plain:
+            self._newest = plain[-1]
+        latest = self._newest  # (on close: the last step's, even if its tick came too soon to write it)
         if (
             latest is not None
-            and latest is not self._last_snap
+            and latest is not self._written
             and (final or now - self._last_snap_at >= self.snapshot_interval_s)
         ):
             self._append(SNAPSHOT, _wrap("snapshot", protocol.encode(latest)), latest.step)
-            self._last_snap, self._last_snap_at = latest, now
+            self._last_snap = self._written = latest
+            self._last_snap_at = now
 
     def _open(self, hello: Hello) -> None:
         directory = ensure_private_dir(self.directory)

@@ -409,6 +409,47 @@ def test_an_unusable_record_directory_leaves_training_untouched(
     assert len([r for r in caplog.records if "recording stopped" in r.getMessage()]) == 1
 
 
+def test_a_socket_that_cannot_be_opened_does_not_lose_the_history(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    blocker = tmp_path / "a-file"
+    blocker.write_text("not a directory")  # the socket's directory cannot be made under it
+    where = tmp_path / "runs"
+    model, opt = _tiny()
+    sockets = blocker / "sockets"
+    with caplog.at_level(logging.WARNING, logger="anatomy"):
+        tracker = anatomy.track(model, opt, record=where, directory=sockets, interval_s=0.05)
+        _train(tracker, model, opt, 30)
+        assert tracker.socket_path is None  # nothing published ...
+        tracker.close()
+    assert any("publisher could not start" in r.getMessage() for r in caplog.records)
+    run = runs.read_run(runs.record_files(where)[0])  # ... and everything recorded
+    assert run.ended == "finished" and [r.step for r in run.rows] == list(range(30))
+    assert run.snapshots and run.snapshots[-1].step == 29 and run.model_class == "Sequential"
+
+
+def test_publish_false_records_only_when_record_is_asked_for_in_code(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("ANATOMY_TOP_DIR", str(tmp_path / "rt"))
+    monkeypatch.setenv("ANATOMY_TOP_RECORD", str(tmp_path / "from-env"))
+    model, opt = _tiny()
+    with anatomy.track(model, opt, publish=False, interval_s=0.05) as tracker:
+        _train(tracker, model, opt, 5)
+    assert not (tmp_path / "from-env").exists()  # publish=False alone: no record, whatever the env
+    where = tmp_path / "asked"
+    tracker = anatomy.track(model, opt, publish=False, record=where, interval_s=0.05)
+    _train(tracker, model, opt, 12)
+    with pytest.raises(torch.OutOfMemoryError), tracker.step():
+        model(torch.randn(4, 8)).sum().backward()
+        raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 1.00 GiB")
+    tracker.close()
+    assert tracker.socket_path is None and not (tmp_path / "rt").exists()  # nothing published
+    run = runs.read_run(runs.record_files(where)[0])
+    assert [r.step for r in run.rows][:12] == list(range(12))
+    assert run.ended == "oom" and "Tried to allocate 1.00 GiB" in (run.ooms[0].oom or "")
+
+
 def test_where_it_records(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     state = Path(os.environ["XDG_STATE_HOME"])
     assert not str(state).startswith(str(Path.home() / ".local"))  # tests never record into the home
