@@ -14,10 +14,12 @@ file 0600. The format (JSON lines, versioned) is described in :mod:`anatomy.runs
 Bounded: a run's file stays under ``max_bytes`` (16 MiB). When it grows past three quarters of that, the
 file is rewritten (a new file, then an atomic rename: a crash mid-rewrite leaves the old one whole):
 events (hellos, the OOM, the end) are kept, the newest quarter of the budget is kept in full, and older
-history is thinned: every other snapshot dropped, and neighbouring step rows merged in pairs (their
-mean times, their largest peak, ``n`` the steps a row stands for). Repeated rewrites thin the oldest
-part most, so a week-long run keeps its whole shape. Old runs are pruned, oldest first, once the
-directory holds more than ``max_total_bytes`` (1 GiB).
+history is resampled by step toward an even grid (:mod:`anatomy.record_log`): one snapshot per cell of
+steps, step rows merged within cells (their mean times, their largest peak, ``n`` the steps a row
+stands for), the cells doubling as the run grows, so a week-long run keeps its whole shape, as much
+detail in its first day as in its sixth. What was written is kept in memory compactly (bytes and
+typed columns: a handful of objects however long the run), to rewrite the file without parsing it.
+Old runs are pruned, oldest first, once the directory holds more than ``max_total_bytes`` (1 GiB).
 """
 
 from __future__ import annotations
@@ -31,24 +33,22 @@ import re
 import stat
 import time
 from collections.abc import Iterable
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from anatomy import protocol
+from anatomy import protocol, run_ending
 from anatomy.protocol import Hello, Snapshot
+from anatomy.record_log import EVENT, SNAPSHOT, RecordLog, rounded, rows_line
 from anatomy.rundir import ensure_private_dir
 
 log = logging.getLogger("anatomy")
 
 FORMAT = "anatomy-top-record"
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2  # 2: the header's proc_start, an end's "crashed" and error
 ENV_RECORD = "ANATOMY_TOP_RECORD"
 SUFFIX = ".anatomy.jsonl"
 MAX_RUN_BYTES = 16 * 1024 * 1024
 MAX_TOTAL_BYTES = 1024 * 1024 * 1024
-# How many step rows one "steps" line holds at most (a thinned history is re-chunked to this).
-ROWS_PER_LINE = 512
 _OFF = ("0", "false", "no", "off")
 _SAFE = re.compile(r"[^A-Za-z0-9_.-]+")
 
@@ -99,40 +99,14 @@ def step_row(snap: Snapshot) -> list[Any]:
     return [
         snap.step,
         round(snap.time, 3),
-        _r(t.step_s),
+        rounded(t.step_s),
         snap.peak_bytes,
-        _r(t.forward_s),
-        _r(t.backward_s),
-        _r(t.optimizer_s),
-        _r(t.samples_per_s),
+        rounded(t.forward_s),
+        rounded(t.backward_s),
+        rounded(t.optimizer_s),
+        rounded(t.samples_per_s),
         1,
     ]
-
-
-def _r(x: float | None) -> float | None:
-    return None if x is None else float(f"{x:.6g}")
-
-
-def merge_rows(a: list[Any], b: list[Any]) -> list[Any]:
-    """Two neighbouring rows as one: the later step and time, mean times (weighted by the steps each
-    row stands for), the larger peak."""
-    na, nb = int(a[8]), int(b[8])
-
-    def mean(i: int) -> float | None:
-        x, y = a[i], b[i]
-        if x is None or y is None:
-            return y if x is None else x
-        return _r((x * na + y * nb) / (na + nb))
-
-    peaks = [p for p in (a[3], b[3]) if p is not None]
-    return [b[0], b[1], mean(2), max(peaks) if peaks else None, mean(4), mean(5), mean(6), mean(7), na + nb]
-
-
-@dataclass
-class _Entry:
-    kind: str  # "event" (never thinned), "snapshot", "steps"
-    data: bytes
-    rows: list[list[Any]] | None = None
 
 
 def _line(obj: dict[str, Any]) -> bytes:
@@ -165,13 +139,16 @@ class Recorder:
         self.off = False
         self.rewrites = 0
         self._fd: int | None = None
-        self._entries: list[_Entry] = []
-        self._size = 0
+        self._log = RecordLog()
         self._hello: Hello | None = None
         self._last_snap: Snapshot | None = None
         self._last_snap_at = -1e18
+        self._newest: Snapshot | None = None  # the newest snapshot handed over (an OOM's aside)
+        self._written: Snapshot | None = None  # the newest snapshot written
         self._ended = False
         self._header: dict[str, Any] = {}
+        self._crash: str | None = None
+        run_ending.watch_for_crash()
 
     @classmethod
     def from_setting(cls, setting: RecordSetting, interval_s: float = 0.5) -> Recorder | None:
@@ -190,8 +167,15 @@ class Recorder:
         except Exception as exc:  # a full or read-only disk, a foreign directory: stop, say it once
             self._stop(exc)
 
-    def close(self, hello: Hello, snapshots: Iterable[Snapshot], how: str = "finished") -> None:
-        """The last steps, then the end record: the run ended normally (an OOM is its own record)."""
+    def crashed(self, exc: BaseException) -> None:
+        """The run is ending on ``exc`` (a tracker left by an exception): the end record will say
+        "crashed" and name it (a successful ``sys.exit()`` is no crash)."""
+        if run_ending.is_crash(exc):
+            self._crash = run_ending.describe(exc)
+
+    def close(self, hello: Hello, snapshots: Iterable[Snapshot], how: str | None = None) -> None:
+        """The last steps, then the end record: "finished", or "crashed" with the exception when the
+        tracker or the process is ending on one (an OOM is its own record)."""
         self.tick(hello, snapshots, final=True)
         if self.off or self._ended or self._fd is None:
             self._close_fd()
@@ -199,19 +183,16 @@ class Recorder:
         self._ended = True
         try:
             last = self._last_snap
-            self._append(
-                _Entry(
-                    "event",
-                    _line(
-                        {
-                            "type": "end",
-                            "time": round(time.time(), 3),
-                            "how": how,
-                            "step": last.step if last is not None else None,
-                        }
-                    ),
-                )
-            )
+            error = self._crash or run_ending.crash()
+            end: dict[str, Any] = {
+                "type": "end",
+                "time": round(time.time(), 3),
+                "how": how or ("crashed" if error else "finished"),
+                "step": last.step if last is not None else None,
+            }
+            if error and end["how"] == "crashed":
+                end["error"] = error
+            self._append(EVENT, _line(end))
         except Exception as exc:
             self._stop(exc)
         self._close_fd()
@@ -225,7 +206,7 @@ class Recorder:
             if self._hello is None or protocol.to_dict(hello) != protocol.to_dict(self._hello):
                 last = self._last_snap
                 at = {"at": round(time.time(), 3), "step": last.step if last is not None else None}
-                self._append(_Entry("event", _wrap("hello", protocol.encode(hello), at)))
+                self._append(EVENT, _wrap("hello", protocol.encode(hello), at))
             self._hello = hello
         rows: list[list[Any]] = []
         seen: set[int] = set()
@@ -234,27 +215,30 @@ class Recorder:
                 seen.add(id(snap))  # the final snapshot may come twice (published, then on close)
                 rows.append(step_row(snap))
         if rows:
-            self._append(_Entry("steps", _line({"type": "steps", "rows": rows}), rows))
+            self._append_rows(rows)
         now = time.monotonic()
         for snap in snapshots:
             if snap.oom is not None:  # an event: never thinned
-                self._append(_Entry("event", _wrap("oom", protocol.encode(snap))))
+                self._append(EVENT, _wrap("oom", protocol.encode(snap)))
                 self._last_snap = snap
         plain = [s for s in snapshots if s.oom is None]
-        latest = plain[-1] if plain else None
+        if plain:
+            self._newest = plain[-1]
+        latest = self._newest  # (on close: the last step's, even if its tick came too soon to write it)
         if (
             latest is not None
-            and latest is not self._last_snap
+            and latest is not self._written
             and (final or now - self._last_snap_at >= self.snapshot_interval_s)
         ):
-            self._append(_Entry("snapshot", _wrap("snapshot", protocol.encode(latest))))
-            self._last_snap, self._last_snap_at = latest, now
+            self._append(SNAPSHOT, _wrap("snapshot", protocol.encode(latest)), latest.step)
+            self._last_snap = self._written = latest
+            self._last_snap_at = now
 
     def _open(self, hello: Hello) -> None:
         directory = ensure_private_dir(self.directory)
         self._prune(directory)
         path = directory / file_name(hello)
-        flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_APPEND | os.O_NOFOLLOW | os.O_CLOEXEC
+        flags = os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_APPEND | os.O_NOFOLLOW | os.O_CLOEXEC
         try:
             fd = os.open(path, flags, 0o600)
         except FileExistsError:  # a second tracker in this process, same second: take another name
@@ -267,6 +251,8 @@ class Recorder:
             "version": FORMAT_VERSION,
             "created": round(time.time(), 3),
             "pid": hello.pid,
+            # With the PID, tells this process from a later one given its PID (anatomy.run_ending).
+            "proc_start": run_ending.process_start(hello.pid),
             "host": hello.host,
             "job": hello.run_id,
             "rank": hello.rank,
@@ -275,42 +261,37 @@ class Recorder:
             "generation": 0,  # bumped at each rewrite: a reader following the file knows to start over
         }
         self._header = header
-        self._append(_Entry("event", _line(header)))
+        self._append(EVENT, _line(header))
 
-    def _append(self, entry: _Entry) -> None:
+    def _append(self, kind: int, data: bytes, step: int = -1) -> None:
         if self._fd is None:
             return
-        _write_all(self._fd, entry.data)
-        self._entries.append(entry)
-        self._size += len(entry.data)
-        if self._size > self.max_bytes * 3 // 4:
+        _write_all(self._fd, data)
+        self._log.add(kind, data, step)
+        self._grown()
+
+    def _append_rows(self, rows: list[list[Any]]) -> None:
+        if self._fd is None:
+            return
+        data = rows_line(rows)
+        _write_all(self._fd, data)
+        self._log.add_steps(rows, len(data))
+        self._grown()
+
+    def _grown(self) -> None:
+        if self._log.size > self.max_bytes * 3 // 4:
             self._rewrite()
 
     def _rewrite(self) -> None:
         """Thin the older history until the file is at most half its budget, then swap it in."""
-        target = self.max_bytes // 2
-        recent_budget = self.max_bytes // 4
-        entries = self._entries
-        # The newest entries, up to a quarter of the budget, stay as they are.
-        split, acc = len(entries), 0
-        while split > 0 and acc + len(entries[split - 1].data) <= recent_budget:
-            split -= 1
-            acc += len(entries[split].data)
-        older, recent = entries[:split], entries[split:]
-        for _ in range(64):
-            sizes = {"snapshot": 0, "steps": 0, "event": 0}
-            for e in older:
-                sizes[e.kind] += len(e.data)
-            if sum(sizes.values()) + acc <= target or not (sizes["snapshot"] or sizes["steps"]):
-                break
-            # Thin whichever kind takes more room, so snapshots and step rows shrink in balance (a
-            # run of slow steps keeps its rows fine; one of fast steps, its snapshots).
-            older = _thin(older, "snapshot" if sizes["snapshot"] >= sizes["steps"] else "steps")
-        self._entries = older + recent
-        if self._entries and self._entries[0].data.startswith(b'{"type":"record"'):
-            self._header["generation"] = self.rewrites + 1
-            self._entries[0] = _Entry("event", _line(self._header))
-        data = b"".join(e.data for e in self._entries)
+        self._header["generation"] = self.rewrites + 1
+        fd = self._fd
+
+        def as_written() -> bytes | None:
+            """The file as it is: lines that stay are copied from it rather than encoded again."""
+            return None if fd is None else _read_all(fd)
+
+        data = self._log.thin(self.max_bytes // 2, self.max_bytes // 4, _line(self._header), as_written)
         assert self.path is not None
         tmp = self.path.with_name(self.path.name + ".tmp")
         with contextlib.suppress(FileNotFoundError):
@@ -326,8 +307,7 @@ class Recorder:
         os.close(fd)
         os.replace(tmp, self.path)
         self._close_fd()
-        self._fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_NOFOLLOW | os.O_CLOEXEC)
-        self._size = len(data)
+        self._fd = os.open(self.path, os.O_RDWR | os.O_APPEND | os.O_NOFOLLOW | os.O_CLOEXEC)
         self.rewrites += 1
 
     def _prune(self, directory: Path) -> None:
@@ -346,7 +326,7 @@ class Recorder:
             if total <= self.max_total_bytes:
                 break
             pid = _pid_of(path.name)
-            if pid is not None and protocol.pid_alive(pid) and pid != os.getpid():
+            if pid is not None and pid != os.getpid() and _still_running(path, pid):
                 continue
             with contextlib.suppress(OSError):
                 path.unlink()
@@ -368,6 +348,15 @@ class Recorder:
                 os.close(fd)
 
 
+def _read_all(fd: int) -> bytes:
+    size = os.fstat(fd).st_size
+    parts, offset = [], 0
+    while offset < size and (chunk := os.pread(fd, size - offset, offset)):
+        parts.append(chunk)
+        offset += len(chunk)
+    return b"".join(parts)
+
+
 def _write_all(fd: int, data: bytes) -> None:
     view = memoryview(data)
     while view:
@@ -375,67 +364,18 @@ def _write_all(fd: int, data: bytes) -> None:
         view = view[n:]
 
 
-def _thin(entries: list[_Entry], kind: str) -> list[_Entry]:
-    """Halve one kind, evenly over the older history (so the oldest part, thinned at every rewrite, keeps
-    as much detail per step as the rest): ``snapshot``: every other one by step; ``steps``: rows merged
-    into rows of about twice the steps (readers sort rows by step, so the merged rows go where the first
-    step line was). Events are kept, in order."""
-    if kind == "snapshot":
-        snaps = [e for e in entries if e.kind == "snapshot"]
-        keep = {id(e) for e in _evenly(snaps, len(snaps) // 2)}
-        return [e for e in entries if e.kind != "snapshot" or id(e) in keep]
-    rows = sorted(
-        (row for e in entries if e.kind == "steps" and e.rows for row in e.rows), key=lambda r: r[0]
-    )
-    out: list[_Entry] = []
-    placed = False
-    for e in entries:
-        if e.kind == "steps":
-            if not placed:
-                out.extend(_row_entries(_coarser(rows)))
-                placed = True
-            continue
-        out.append(e)
-    return out
-
-
-def _evenly(snaps: list[_Entry], count: int) -> list[_Entry]:
-    """``count`` of ``snaps`` (in file order, i.e. by step), spread evenly over their span; the first
-    and the last always."""
-    if count >= len(snaps) or len(snaps) <= 2:
-        return snaps
-    count = max(count, 2)
-    picked = [snaps[round(i * (len(snaps) - 1) / (count - 1))] for i in range(count)]
-    return list({id(e): e for e in picked}.values())
-
-
-def _coarser(rows: list[list[Any]]) -> list[list[Any]]:
-    """About half as many rows, each standing for about twice the steps: consecutive rows merged while
-    their steps stay within twice the finest row's (already coarse rows stay as they are)."""
-    if len(rows) < 2:
-        return rows
-    finest = min(int(r[8]) for r in rows)
-    limit = 2 * finest
-    out: list[list[Any]] = []
-    bucket: list[Any] | None = None
-    for row in rows:
-        if bucket is not None and int(bucket[8]) + int(row[8]) <= limit:
-            bucket = merge_rows(bucket, row)
-            continue
-        if bucket is not None:
-            out.append(bucket)
-        bucket = row
-    if bucket is not None:
-        out.append(bucket)
-    return out
-
-
-def _row_entries(rows: list[list[Any]]) -> list[_Entry]:
-    out = []
-    for i in range(0, len(rows), ROWS_PER_LINE):
-        chunk = rows[i : i + ROWS_PER_LINE]
-        out.append(_Entry("steps", _line({"type": "steps", "rows": chunk}), chunk))
-    return out
+def _still_running(path: Path, pid: int) -> bool:
+    """Whether the process that records into ``path`` still runs (its PID alive, and started when the
+    header says: not a later process given the same PID)."""
+    if not protocol.pid_alive(pid):
+        return False
+    started = None
+    with contextlib.suppress(OSError, ValueError):
+        with open(path, "rb") as f:
+            header = json.loads(f.readline(4096))
+        if isinstance(header, dict) and isinstance(header.get("proc_start"), int):
+            started = header["proc_start"]
+    return run_ending.same_process_alive(pid, started, True)
 
 
 _PID_RE = re.compile(r"-(\d+)(?:-\d+)?\.anatomy\.jsonl(?:\.tmp)?$")

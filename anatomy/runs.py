@@ -1,14 +1,15 @@
 """Reading the flight recorder's files: one run, a job's ranks, the list of recorded runs. Stdlib only
 (no torch): the monitor's ``runs``, ``report`` and ``--replay`` read records through this module.
 
-The format (version 1): JSON lines, UTF-8, one record per line, each an object whose first key is
-``type``. A line without its newline (a process killed mid-write) is skipped, as is any line that does
-not parse; everything before it stands.
+The format (version 2; a version 1 file reads the same, without what 2 added): JSON lines, UTF-8, one
+record per line, each an object whose first key is ``type``. A line without its newline (a process
+killed mid-write) is skipped, as is any line that does not parse; everything before it stands.
 
 - ``record`` (the first line): ``format`` ("anatomy-top-record"), ``version``, ``created`` (Unix time),
-  ``pid``, ``host``, ``job`` (the launcher's run id), ``rank``, ``world_size``, ``max_bytes``,
-  ``generation`` (how many times the file was rewritten to thin it: a reader following the file
-  starts over when it changes).
+  ``pid``, ``proc_start`` (2: the process's start, ``/proc/<pid>/stat`` field 22, clock ticks since boot;
+  null where unknown: a PID alive with another start time is another process), ``host``, ``job`` (the
+  launcher's run id), ``rank``, ``world_size``, ``max_bytes``, ``generation`` (how many times the file
+  was rewritten to thin it: a reader following the file starts over when it changes).
 - ``hello``: ``at`` (Unix time), ``step`` (the last step recorded before it), ``message`` (the protocol's
   hello, as published). The first is the run's set-up; each later one is a set-up change.
 - ``snapshot``: ``message``, a protocol snapshot (at most about two a second; thinned when old).
@@ -16,8 +17,9 @@ not parse; everything before it stands.
   samples_per_s, n]``: one row per finished step, or, once thinned, ``n`` consecutive steps ending at
   ``step`` (mean times, largest peak). Rows may come in any order: sort them by step.
 - ``oom``: ``message``, the snapshot written when the step died of out-of-memory (``oom`` set).
-- ``end``: ``time``, ``how`` ("finished"), ``step``: the tracker closed. No ``end``: the process was
-  killed, or still runs.
+- ``end``: ``time``, ``how``, ``step``: the tracker closed; ``how`` is "finished", or (2) "crashed" with
+  ``error`` (the exception's type and message) when the tracker or the process ended on an exception.
+  No ``end``: the process was killed, or still runs.
 """
 
 from __future__ import annotations
@@ -32,13 +34,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from anatomy import protocol
+from anatomy import protocol, run_ending
 from anatomy.protocol import Hello, Snapshot
 from anatomy.recorder import FORMAT, SUFFIX, record_dir
 
 MAX_READ_BYTES = 256 * 1024 * 1024  # a record is bounded (16 MiB); anything far larger is not one
 JOB_WINDOW_S = 600.0  # ranks of one job start within this of each other
-ENDINGS = ("finished", "oom", "killed", "running")
+ENDINGS = ("finished", "oom", "crashed", "killed", "running")
+FORMAT_VERSIONS = (1, 2)
 
 
 @dataclass(frozen=True)
@@ -131,14 +134,22 @@ class Run:
 
     @property
     def ended(self) -> str:
-        """finished, oom, killed or running."""
+        """finished, oom, crashed, killed or running."""
         if self.ooms:
             return "oom"
         if self.end is not None:
             return str(self.end.get("how") or "finished")
-        if self.host == socket.gethostname() and self.pid and protocol.pid_alive(self.pid):
+        started = self.header.get("proc_start")
+        alive = self.host == socket.gethostname() and self.pid > 0 and protocol.pid_alive(self.pid)
+        if run_ending.same_process_alive(self.pid, started if isinstance(started, int) else None, alive):
             return "running"
         return "killed"
+
+    @property
+    def error(self) -> str | None:
+        """The exception a crashed run ended on."""
+        error = self.end.get("error") if self.end is not None else None
+        return error if isinstance(error, str) else None
 
 
 def _read_bytes(path: Path) -> bytes:
@@ -214,8 +225,8 @@ def _read_line(run: Run, obj: Any, rows: dict[int, StepRow]) -> None:
     kind = obj.get("type")
     if kind == "record":
         version = obj.get("version")
-        if not isinstance(version, int) or version > 1:
-            raise ValueError(f"record format version {version!r} is newer than this reader")
+        if version not in FORMAT_VERSIONS:
+            raise ValueError(f"record format version {version!r} is not one this reader knows")
         run.header = obj
     elif kind == "hello":
         hello = protocol.from_dict(obj["message"])
@@ -263,7 +274,7 @@ class RunGroup:
     @property
     def ended(self) -> str:
         endings = {r.ended for r in self.runs}
-        for how in ("oom", "running", "killed"):
+        for how in ("oom", "running", "crashed", "killed"):
             if how in endings:
                 return how
         return self.first.ended

@@ -10,9 +10,9 @@ traced step), ``backend`` with ``heap`` and ``cuda`` (a step's peak on CPU and C
 per-op memory trace of a sampled step), ``split`` (the arithmetic of the peak's split), ``timing`` and
 ``throughput`` (phase times, rates), ``opgroups`` (FLOPs and time per operation group), ``detect``
 (precision, optimizer, OOM), ``distributed`` (what DDP's reducer holds), ``hello`` (with
-``adapters``: a PEFT model's LoRA adapter) and ``publishing`` (what goes to the monitor), ``callback``
-(the Hugging Face Trainer way in), and ``trainer_logs`` and ``lightning_logs`` (the anatomy in the
-Trainer's and Lightning's loggers).
+``adapters``: a PEFT model's LoRA adapter) and ``publishing`` (what goes to the monitor) with
+``record_only`` (the flight recorder where nothing publishes), ``callback`` (the Hugging Face Trainer way
+in), and ``trainer_logs`` and ``lightning_logs`` (the anatomy in the Trainer's and Lightning's loggers).
 """
 
 from __future__ import annotations

@@ -1525,6 +1525,8 @@ class Tracker:
     def __exit__(self, exc_type: Any, exc: BaseException | None, tb: Any) -> Literal[False]:
         if exc is not None and is_oom(exc):
             self.record_oom(exc)
+        elif exc is not None and self.enabled:
+            self._channel.crashed(exc)  # the record ends "crashed", naming it
         self.close()
         return False
 

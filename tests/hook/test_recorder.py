@@ -4,6 +4,8 @@ a torn last record, a disk that refuses writes, and where it records (never the 
 from __future__ import annotations
 
 import errno
+import gc
+import itertools
 import logging
 import os
 import re
@@ -13,6 +15,7 @@ import subprocess
 import sys
 import textwrap
 import time
+import tracemalloc
 from pathlib import Path
 
 import pytest
@@ -145,6 +148,93 @@ def test_thinned_history_keeps_the_whole_shape_within_the_budget(tmp_path: Path)
     assert not list(tmp_path.glob("*.tmp"))
 
 
+def _per_decile(steps: list[int], end: int) -> list[int]:
+    counts = [0] * 10
+    for s in steps:
+        counts[min(s * 10 // end, 9)] += 1
+    return counts
+
+
+def test_many_rewrites_keep_the_old_history_even_in_steps(tmp_path: Path) -> None:
+    budget = 512 * 1024
+    recorder = Recorder(tmp_path, max_bytes=budget, snapshot_interval_s=0.0)
+    hello = _hello()
+    steps, per_tick = 40_000, 10  # a snapshot every 10 steps at full detail
+    for start in range(0, steps, per_tick):
+        recorder.tick(hello, [_snap(s, 10_000 + s % 100) for s in range(start, start + per_tick)])
+    recorder.close(hello, [])
+    assert recorder.rewrites >= 10  # the oldest history was thinned again and again
+    assert recorder.path is not None and recorder.path.stat().st_size <= budget
+    run = runs.read_run(recorder.path)
+    snap_steps = [s.step for s in run.snapshots]
+    assert snap_steps[0] < steps // 100 and snap_steps[-1] == steps - 1
+    # The recent past in full: from the end back, a snapshot every tick; before it, the old history.
+    recent = len(snap_steps) - 1
+    while recent > 0 and snap_steps[recent] - snap_steps[recent - 1] == per_tick:
+        recent -= 1
+    old_end = snap_steps[recent]
+    assert steps // 2 < old_end < steps - 20 * per_tick
+    # The old history as an even grid in steps: every tenth of it holds about as many snapshots and
+    # step rows as any other (thinning by position halved the oldest part again at every rewrite).
+    old_snaps = _per_decile([s for s in snap_steps if s < old_end], old_end)
+    old_rows = _per_decile([r.step for r in run.rows if r.step < old_end], old_end)
+    for counts in (old_snaps, old_rows):
+        mean = sum(counts) / 10
+        assert mean >= 5 and min(counts) >= mean / 2 and max(counts) <= mean * 2, counts
+    assert sum(r.n for r in run.rows) == steps
+    # The report's memory chart covers the whole run, from its first steps on.
+    from tui.runreport import page
+
+    chart = page.memory_chart(run)
+    xs = chart.stacked[0].xs
+    assert xs[0] < steps // 100 and xs[-1] == steps - 1
+    assert max(b - a for a, b in itertools.pairwise(xs)) < steps / 20
+
+
+def test_the_record_in_memory_is_a_few_objects_however_long_the_run(tmp_path: Path) -> None:
+    # What the recorder keeps to rewrite the file lives in the training process: row lists would be
+    # tens of thousands of objects for every full garbage collection to walk, and ~300 bytes a step.
+    recorder = Recorder(tmp_path, snapshot_interval_s=1e9)  # one snapshot, then step rows only
+    hello = _hello()
+
+    def record(first: int, last: int) -> None:
+        for start in range(first, last, 10):
+            recorder.tick(hello, [_snap(s, 10_000 + s) for s in range(start, start + 10)])
+
+    record(0, 1_000)
+    gc.collect()
+    objects = len(gc.get_objects())
+    tracemalloc.start()
+    try:
+        record(1_000, 11_000)
+        gc.collect()
+        grown, _ = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert len(gc.get_objects()) - objects < 100
+    assert grown / 10_000 < 120  # bytes a step: nine 8-byte columns and a little bookkeeping
+    assert recorder.rewrites == 0 and recorder.path is not None
+    assert [r.step for r in runs.read_run(recorder.path).rows] == list(range(11_000))
+
+
+def test_a_rewrite_does_not_trust_a_file_changed_behind_its_back(tmp_path: Path) -> None:
+    # A rewrite copies the lines that stay from the file; a file that is not what was written (here a
+    # line appended by someone else) is written afresh from what the recorder holds.
+    recorder = Recorder(tmp_path, max_bytes=64 * 1024, snapshot_interval_s=0.0)
+    hello = _hello()
+    recorder.tick(hello, [_snap(s, 100 + s) for s in range(10)])
+    assert recorder.path is not None
+    with open(recorder.path, "ab") as other:
+        other.write(b'{"type":"steps","rows":[[999999,1,1,1,1,1,1,1,1]]}\n')
+    for start in range(10, 3_000, 10):
+        recorder.tick(hello, [_snap(s, 100 + s) for s in range(start, start + 10)])
+    recorder.close(hello, [])
+    assert recorder.rewrites >= 1
+    run = runs.read_run(recorder.path)
+    assert run.skipped == 0 and run.ended == "finished"
+    assert run.rows[-1].step == 2_999 and sum(r.n for r in run.rows) == 3_000
+
+
 def test_a_torn_last_record_is_skipped_and_nothing_before_it_lost(tmp_path: Path) -> None:
     recorder = Recorder(tmp_path, snapshot_interval_s=0.0)
     hello = _hello()
@@ -238,8 +328,11 @@ def test_a_simulated_oom_is_recorded_with_the_steps_before_it(tmp_path: Path) ->
     assert shown == [s for s in range(30) if s < oom_step][-20:]
 
 
+@pytest.mark.parametrize(
+    ("code", "why"), [(errno.ENOSPC, "the disk is full"), (errno.EROFS, "the disk is read-only")]
+)
 def test_a_disk_that_refuses_writes_turns_recording_off_once(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture, code: int, why: str
 ) -> None:
     recorder = Recorder(tmp_path, snapshot_interval_s=0.0)
     hello = _hello()
@@ -247,7 +340,7 @@ def test_a_disk_that_refuses_writes_turns_recording_off_once(
     real_write = os.write
 
     def full(fd: int, data: bytes) -> int:
-        raise OSError(errno.ENOSPC, "No space left on device")
+        raise OSError(code, os.strerror(code))
 
     monkeypatch.setattr(rec_mod.os, "write", full)
     with caplog.at_level(logging.WARNING, logger="anatomy"):
@@ -257,8 +350,48 @@ def test_a_disk_that_refuses_writes_turns_recording_off_once(
     monkeypatch.setattr(rec_mod.os, "write", real_write)
     assert recorder.off
     lines = [r.getMessage() for r in caplog.records if "recording stopped" in r.getMessage()]
-    assert lines == ["anatomy-top: recording stopped (the disk is full); training and publishing go on"]
+    assert lines == [f"anatomy-top: recording stopped ({why}); training and publishing go on"]
     assert recorder.path is not None and [r.step for r in runs.read_run(recorder.path).rows] == [0]
+
+
+def test_a_read_only_disk_turns_recording_off_and_leaves_training_untouched(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    # A read-only mount: the record directory is there (made earlier), creating a file in it fails
+    # with EROFS (injected at os.open for paths in it: the tests run as root, whom chmod does not stop).
+    where = tmp_path / "runs"
+    where.mkdir(mode=0o700)
+    real_open = os.open
+
+    def read_only(path: str | os.PathLike[str], flags: int, *args: object, **kw: object) -> int:
+        if str(path).startswith(str(where)) and flags & (os.O_WRONLY | os.O_RDWR | os.O_CREAT):
+            raise OSError(errno.EROFS, os.strerror(errno.EROFS), str(path))
+        return real_open(path, flags, *args, **kw)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(os, "open", read_only)
+    reference, ref_opt = _tiny()
+    _train_plain(reference, ref_opt, 40)
+    model, opt = _tiny()
+    with caplog.at_level(logging.WARNING, logger="anatomy"):
+        with anatomy.track(model, opt, record=where, interval_s=0.05) as tracker:
+            _train(tracker, model, opt, 40)
+            time.sleep(0.2)  # a few publish intervals: the recorder tries, and stops
+            assert tracker.socket_path is not None and tracker.latest is not None  # still published
+            assert tracker.latest.step == 39
+        assert tracker.error is None
+    lines = [r.getMessage() for r in caplog.records if "recording stopped" in r.getMessage()]
+    assert lines == ["anatomy-top: recording stopped (the disk is read-only); training and publishing go on"]
+    assert list(where.iterdir()) == []
+    for mine, theirs in zip(model.parameters(), reference.parameters(), strict=True):
+        assert torch.equal(mine, theirs)  # the same training, step for step
+
+
+def _train_plain(model: torch.nn.Module, opt: torch.optim.Optimizer, steps: int) -> None:
+    x = torch.randn(4, 8)
+    for _ in range(steps):
+        model(x).pow(2).mean().backward()
+        opt.step()
+        opt.zero_grad()
 
 
 def test_an_unusable_record_directory_leaves_training_untouched(
@@ -274,6 +407,47 @@ def test_an_unusable_record_directory_leaves_training_untouched(
             assert tracker.socket_path is not None and tracker.latest is not None
         assert tracker.error is None
     assert len([r for r in caplog.records if "recording stopped" in r.getMessage()]) == 1
+
+
+def test_a_socket_that_cannot_be_opened_does_not_lose_the_history(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    blocker = tmp_path / "a-file"
+    blocker.write_text("not a directory")  # the socket's directory cannot be made under it
+    where = tmp_path / "runs"
+    model, opt = _tiny()
+    sockets = blocker / "sockets"
+    with caplog.at_level(logging.WARNING, logger="anatomy"):
+        tracker = anatomy.track(model, opt, record=where, directory=sockets, interval_s=0.05)
+        _train(tracker, model, opt, 30)
+        assert tracker.socket_path is None  # nothing published ...
+        tracker.close()
+    assert any("publisher could not start" in r.getMessage() for r in caplog.records)
+    run = runs.read_run(runs.record_files(where)[0])  # ... and everything recorded
+    assert run.ended == "finished" and [r.step for r in run.rows] == list(range(30))
+    assert run.snapshots and run.snapshots[-1].step == 29 and run.model_class == "Sequential"
+
+
+def test_publish_false_records_only_when_record_is_asked_for_in_code(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("ANATOMY_TOP_DIR", str(tmp_path / "rt"))
+    monkeypatch.setenv("ANATOMY_TOP_RECORD", str(tmp_path / "from-env"))
+    model, opt = _tiny()
+    with anatomy.track(model, opt, publish=False, interval_s=0.05) as tracker:
+        _train(tracker, model, opt, 5)
+    assert not (tmp_path / "from-env").exists()  # publish=False alone: no record, whatever the env
+    where = tmp_path / "asked"
+    tracker = anatomy.track(model, opt, publish=False, record=where, interval_s=0.05)
+    _train(tracker, model, opt, 12)
+    with pytest.raises(torch.OutOfMemoryError), tracker.step():
+        model(torch.randn(4, 8)).sum().backward()
+        raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 1.00 GiB")
+    tracker.close()
+    assert tracker.socket_path is None and not (tmp_path / "rt").exists()  # nothing published
+    run = runs.read_run(runs.record_files(where)[0])
+    assert [r.step for r in run.rows][:12] == list(range(12))
+    assert run.ended == "oom" and "Tried to allocate 1.00 GiB" in (run.ooms[0].oom or "")
 
 
 def test_where_it_records(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

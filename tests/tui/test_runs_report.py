@@ -3,10 +3,12 @@ snapshots, no training), listed, resolved and rendered; the page loaded in headl
 
 from __future__ import annotations
 
+import itertools
 import json
 import os
 import re
 import shutil
+import struct
 import subprocess
 import sys
 from pathlib import Path
@@ -15,7 +17,7 @@ import pytest
 
 from anatomy import runs
 from anatomy.vocabulary import COMPONENT_LABELS, Component
-from tui.runreport import cli, page
+from tui.runreport import charts, cli, page, png
 
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "benchmarks"))
@@ -184,3 +186,61 @@ def test_chromium_renders_the_report_and_the_png_is_an_image(records: Path, tmp_
     with Image.open(png_path) as picture:
         assert picture.format == "PNG" and picture.width >= 1000 and picture.height >= 600
         assert len(picture.convert("RGB").getcolors(maxcolors=1 << 20) or []) > 20
+
+
+def test_series_are_thinned_by_step_range_not_by_point_count() -> None:
+    # A recorded run's shape: its old history thin (one point in the first 40 %), its recent past dense.
+    xs = [0.0, 25_000.0] + [float(x) for x in range(40_000, 100_001, 10)]
+    ys: list[float | None] = [float(x % 7) for x in xs]
+    tx, ty = charts.thin(xs, ys)
+    assert len(tx) <= charts.MAX_POINTS and len(tx) == len(ty)
+    assert tx[0] == 0.0 and tx[-1] == 100_000.0  # the whole run, from its first step to its last
+    assert 25_000.0 in tx  # the lone early point keeps its place (a bucket of its own)
+    width = 100_000 / charts.MAX_POINTS
+    # Every bucket holds the points of one x range: each x within a bucket of the data, none skipped.
+    assert sorted(tx) == tx
+    assert max(b - a for a, b in itertools.pairwise(tx[2:])) <= 2 * width
+    # A bucket's value: the mean (or max) of the points in its range, computed here independently.
+    some = tx[len(tx) // 2]
+    b = int((some - 0.0) / width)
+    inside = [y for x, y in zip(xs, ys, strict=True) if b * width <= x < (b + 1) * width and y is not None]
+    assert ty[tx.index(some)] == pytest.approx(sum(inside) / len(inside))
+    _, peaks = charts.thin(xs, ys, how="max")
+    assert peaks[tx.index(some)] == max(inside)
+
+
+def test_png_without_a_browser_is_a_picture_of_the_main_charts(
+    records: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    image = pytest.importorskip("PIL.Image", reason="--png needs Pillow (the report extra)")
+    out = tmp_path / "last.png"
+    assert cli.report_main(["last", "--dir", str(records), "-o", "-", "--png", str(out)]) == 0
+    assert capsys.readouterr().out.strip() == str(out)
+    data = out.read_bytes()
+    # The PNG signature and its IHDR chunk, read here without Pillow.
+    assert data[:8] == b"\x89PNG\r\n\x1a\n" and data[12:16] == b"IHDR"
+    width, height = struct.unpack(">II", data[16:24])
+    rows = page.picture_rows(runs.resolve("last", records))
+    assert width == charts.WIDTH * max(len(r) for r in rows)
+    assert height == 30 + len(rows) * (charts.HEIGHT + png.TITLE_H)
+    with image.open(out) as picture:
+        picture.verify()
+    with image.open(out) as picture:
+        rgb = picture.convert("RGB")
+    assert rgb.size == (width, height)
+    assert len(rgb.getcolors(maxcolors=1 << 20) or []) > 20  # not blank: charts, text, colours
+    # The memory chart (the first) is filled from the run's first steps: its components' colours in
+    # the first twentieth of the plot.
+    colours = {_rgb(page.component_colour(c)) for c in Component}
+    top = 30 + png.TITLE_H
+    plot_w = charts.WIDTH - charts.LEFT - charts.RIGHT
+    near_start = {
+        rgb.getpixel((x, y))
+        for x in range(charts.LEFT, charts.LEFT + plot_w // 20)
+        for y in range(top + charts.TOP, top + charts.HEIGHT - charts.BOTTOM)
+    }
+    assert colours & near_start
+
+
+def _rgb(colour: str) -> tuple[int, int, int]:
+    return int(colour[1:3], 16), int(colour[3:5], 16), int(colour[5:7], 16)

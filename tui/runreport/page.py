@@ -277,7 +277,7 @@ td,th{padding:2px 8px;border-bottom:1px solid #3a3a3a;text-align:left}
 .bar{display:flex;height:16px;width:520px;border:1px solid #555;margin:4px 0}
 .bar span{display:block;height:100%}
 .badge{padding:1px 6px;border-radius:3px;font-size:12px}
-.finished{background:#2e5d34} .oom,.killed{background:#6b2222} .running{background:#2a4f6b}
+.finished{background:#2e5d34} .oom,.killed,.crashed{background:#6b2222} .running{background:#2a4f6b}
 div.oom{background:#3a2222;border:1px solid #7a3333;padding:8px;margin:8px 0}
 .straggler{color:#ff9040;font-weight:bold} pre{white-space:pre-wrap}
 """
@@ -321,6 +321,10 @@ def render(group: RunGroup) -> str:
     if peak is not None:
         meta.append(f"peak {fmt_bytes(peak)}")
     head.append(f'<p class="meta">{" · ".join(meta)}</p>')
+    for run in group.runs:
+        if run.error is not None:
+            who = f"rank {run.rank} " if len(group.runs) > 1 else ""
+            head.append(f'<p class="meta">{who}crashed on <code>{escape(run.error)}</code></p>')
     body: list[str] = []
     if len(group.runs) > 1:
         body.append(
