@@ -2,8 +2,9 @@
 coordinates. One model, two renderers: inline SVG for the HTML page (:mod:`tui.runreport.svg`) and a
 PNG drawn with Pillow (:mod:`tui.runreport.png`), so the picture and the page cannot disagree.
 
-Stdlib only. Series are thinned to at most ``MAX_POINTS`` points (buckets of equal x range: their means;
-a bucket's largest value for peaks) so a 100,000-step run makes a page of a few hundred kilobytes.
+Stdlib only. Series are thinned to at most ``MAX_POINTS`` points (buckets of equal x range, cut as the
+monitor's whole-run sparklines cut them: their means; a bucket's largest value for peaks) so a
+100,000-step run makes a page of a few hundred kilobytes.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ from dataclasses import dataclass, field
 
 from anatomy.units import fmt_bytes
 from tui.format import fmt_seconds
+from tui.step_buckets import MEAN, buckets
 
 MAX_POINTS = 400
 WIDTH, HEIGHT = 560, 230
@@ -87,36 +89,21 @@ class Chart:
 
 
 def thin(
-    xs: Sequence[float], ys: Sequence[float | None], how: str = "mean"
+    xs: Sequence[float], ys: Sequence[float | None], how: str = MEAN
 ) -> tuple[list[float], list[float | None]]:
-    """At most MAX_POINTS points: the x range cut into MAX_POINTS equal buckets, each non-empty one a
-    point at the mean x of its points (the first and last bucket at the data's first and last x, so the
-    chart spans the whole run) with the mean (or max) of its measured values (None when it has none).
+    """At most MAX_POINTS points: the x range cut into MAX_POINTS equal buckets
+    (:func:`tui.step_buckets.buckets`), each non-empty one a point at the mean x of its points (the
+    first and last bucket at the data's first and last x, so the chart spans the whole run) with the
+    mean (or max) of its measured values (None when it has none).
 
     By x, not by point count: a recorded run keeps its recent past in full and its older history
     thinned, so a bucket of a fixed number of points would squeeze the thin early part into one point."""
-    n = len(xs)
-    if n <= MAX_POINTS:
+    if len(xs) <= MAX_POINTS:
         return list(xs), list(ys)
-    lo, hi = min(xs), max(xs)
-    scale = MAX_POINTS / (hi - lo) if hi > lo else 0.0
-    sum_x = [0.0] * MAX_POINTS
-    count = [0] * MAX_POINTS
-    vals: list[list[float]] = [[] for _ in range(MAX_POINTS)]
-    for x, y in zip(xs, ys, strict=True):
-        b = min(int((x - lo) * scale), MAX_POINTS - 1)
-        sum_x[b] += x
-        count[b] += 1
-        if y is not None:
-            vals[b].append(y)
-    used = [b for b in range(MAX_POINTS) if count[b]]
-    out_x = [sum_x[b] / count[b] for b in used]
-    out_x[0], out_x[-1] = lo, hi
-    out_y: list[float | None] = []
-    for b in used:
-        v = vals[b]
-        out_y.append(None if not v else max(v) if how == "max" else sum(v) / len(v))
-    return out_x, out_y
+    used = [b for b in buckets(xs, ys, MAX_POINTS, how) if b.count]
+    out_x = [b.x for b in used if b.x is not None]
+    out_x[0], out_x[-1] = min(xs), max(xs)
+    return out_x, [b.value for b in used]
 
 
 def formatter(unit: str) -> Callable[[float], str]:
