@@ -1,9 +1,9 @@
 """``anatomy-top --replay RUN``: a recorded run in the monitor's anatomy pane, at any recorded step.
 
 ← → move one recorded snapshot, PgUp/PgDn a tenth of the run, Home/End to the start and the end, Tab to
-the next rank of a job, q quits. The pane's sparklines show the whole run (every step's peak and time
-from the record), the table, timing, op groups and suggestions the snapshot at the chosen step; the
-OOM snapshot of a run that died of it comes last.
+the next rank of a job, q quits. The pane's sparklines show the whole run (the record's step rows, each
+value an equal range of steps: :func:`whole_run`), the table, timing, op groups and suggestions the
+snapshot at the chosen step; the OOM snapshot of a run that died of it comes last.
 """
 
 from __future__ import annotations
@@ -23,6 +23,7 @@ from anatomy.protocol import Hello, Snapshot
 from anatomy.runs import Run, RunGroup
 from tui.format import fmt_bytes
 from tui.sources.anatomy_source import EXITED, LIVE, OOM, TrainingProcess, rank_group_key
+from tui.step_buckets import MAX, MEAN, even_series
 from tui.view.anatomy import anatomy_view
 from tui.widgets.anatomy_pane import AnatomyPane
 from tui.widgets.stylesheet import WIDGETS_TCSS
@@ -55,19 +56,17 @@ def frames(run: Run) -> list[Frame]:
     return out
 
 
-def _buckets(values: list[float], combine: str) -> tuple[float, ...]:
-    if len(values) <= POINTS:
-        return tuple(values)
-    size = -(-len(values) // POINTS)
-    chunks = [values[i : i + size] for i in range(0, len(values), size)]
-    return tuple(max(c) if combine == "max" else sum(c) / len(c) for c in chunks)
-
-
-def whole_run(run: Run) -> tuple[tuple[int, ...], tuple[float, ...]]:
-    """Every step's peak and time over the whole run, thinned to POINTS."""
-    peaks = [float(r.peak_bytes) for r in run.rows if r.peak_bytes is not None]
-    times = [r.step_s for r in run.rows if r.step_s is not None]
-    return tuple(int(p) for p in _buckets(peaks, "max")), _buckets(times, "mean")
+def whole_run(run: Run, points: int = POINTS) -> tuple[tuple[int, ...], tuple[float, ...]]:
+    """Every step's peak and time over the whole run, in at most ``points`` values per series, each
+    standing for an equal range of steps (:func:`tui.step_buckets.even_series`): the largest peak of
+    its steps (a spike must show), their mean time. Rows thinned by the recorder count for the steps
+    they stand for, so the dense recent past takes no more of a sparkline than its share of the run."""
+    rows = run.rows
+    xs = [r.step for r in rows]
+    firsts = [r.step - r.n + 1 for r in rows]
+    peaks = even_series(xs, [r.peak_bytes for r in rows], points, MAX, firsts)
+    times = even_series(xs, [r.step_s for r in rows], points, MEAN, firsts)
+    return tuple(int(p) for p in peaks), tuple(times)
 
 
 def process_at(run: Run, frame: Frame, history: tuple[tuple[int, ...], tuple[float, ...]]) -> TrainingProcess:

@@ -4,7 +4,10 @@ the run's start, not only to when the monitor started.
 ``RunHistories.lookup(hello)`` finds the record of a publishing process (its PID in the file name, its
 header's PID and host, its first hello's start time) and follows it: each call reads only what was
 appended since the last (at most every ``refresh_s``), and starts over when the recorder rewrote (thinned)
-the file. What it keeps is bounded: step rows beyond ``MAX_ROWS`` are merged in pairs. Stdlib only.
+the file. What it keeps is bounded: step rows beyond ``MAX_ROWS`` are merged in pairs. Its history cuts the
+run into buckets of equal step ranges (:mod:`tui.step_buckets`), as the replay and the report do: the
+record's recent past is kept in full and its older history thinned, so buckets of a fixed number of rows
+would give the recent part far more of a sparkline than its share of the steps. Stdlib only.
 """
 
 from __future__ import annotations
@@ -16,10 +19,10 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 from anatomy.protocol import Hello
 from anatomy.recorder import SUFFIX, record_dir
+from tui.step_buckets import MAX, MEAN, even_series
 
 MAX_ROWS = 20_000
 POINTS = 600  # per series: more than a sparkline in the widest pane has cells
@@ -29,22 +32,26 @@ STEPS_PREFIX = b'{"type":"steps"'
 
 @dataclass(frozen=True)
 class History:
-    peaks: tuple[int, ...]  # each step's peak (a thinned row's largest), oldest first
-    step_times: tuple[float, ...]  # each step's time (a thinned row's mean), oldest first
+    peaks: tuple[int, ...]  # the largest peak of each equal range of steps, oldest first
+    step_times: tuple[float, ...]  # the mean step time of each equal range of steps, oldest first
     first_step: int | None  # the first step the history covers (a thinned row stands for several)
     path: Path
 
 
 class RecordTail:
-    """Follows one record file: step rows only (peak, step time), appended lines read incrementally."""
+    """Follows one record file: step rows only (peak, step time), appended lines read incrementally.
+    At most ``max_rows`` rows are kept (beyond it, neighbours merge in pairs)."""
 
-    def __init__(self, path: Path) -> None:
+    def __init__(self, path: Path, max_rows: int = MAX_ROWS) -> None:
         self.path = path
+        self.max_rows = max_rows
         self._identity: tuple[int, int, bytes] | None = None
         self._offset = 0
         self._partial = b""
-        self._rows: dict[int, tuple[int | None, float | None]] = {}
+        # last step -> (first step it stands for, peak, step time)
+        self._rows: dict[int, tuple[int, int | None, float | None]] = {}
         self._first: int | None = None
+        self._history: dict[int, History] = {}  # by points, until the rows change
 
     def poll(self) -> None:
         try:
@@ -60,11 +67,13 @@ class RecordTail:
             if identity != self._identity or st.st_size < self._offset:
                 self._identity, self._offset, self._partial, self._rows = identity, 0, b"", {}
                 self._first = None
+                self._history.clear()
             data = os.pread(fd, min(READ_BUDGET, st.st_size - self._offset), self._offset)
         finally:
             os.close(fd)
         if not data:
             return
+        self._history.clear()
         self._offset += len(data)
         lines = (self._partial + data).split(b"\n")
         self._partial = lines.pop()  # not yet complete (being written, or torn by a kill)
@@ -72,7 +81,7 @@ class RecordTail:
             if line.startswith(STEPS_PREFIX):
                 with contextlib.suppress(ValueError, TypeError, KeyError, RecursionError):
                     self._add(json.loads(line)["rows"])
-        if len(self._rows) > MAX_ROWS:
+        if len(self._rows) > self.max_rows:
             self._merge()
 
     def _add(self, rows: list[list[object]]) -> None:
@@ -82,40 +91,42 @@ class RecordTail:
                 start = step - (n - 1 if isinstance(n, int) and n > 1 else 0)
                 self._first = start if self._first is None else min(self._first, start)
                 self._rows[step] = (
+                    start,
                     peak if isinstance(peak, int) else None,
                     float(step_s) if isinstance(step_s, (int, float)) else None,
                 )
 
     def _merge(self) -> None:
         keys = sorted(self._rows)
-        merged: dict[int, tuple[int | None, float | None]] = {}
+        merged: dict[int, tuple[int, int | None, float | None]] = {}
         for a, b in zip(keys[0::2], keys[1::2], strict=False):
-            (pa, ta), (pb, tb) = self._rows[a], self._rows[b]
+            (fa, pa, ta), (fb, pb, tb) = self._rows[a], self._rows[b]
             peaks = [p for p in (pa, pb) if p is not None]
-            times = [t for t in (ta, tb) if t is not None]
-            merged[b] = (max(peaks) if peaks else None, sum(times) / len(times) if times else None)
+            # The mean time of the steps the two stand for.
+            timed = [(t, s) for t, s in ((ta, a - fa + 1), (tb, b - fb + 1)) if t is not None]
+            weight = sum(s for _, s in timed)
+            mean = sum(t * s for t, s in timed) / weight if timed else None
+            merged[b] = (fa, max(peaks) if peaks else None, mean)
         if len(keys) % 2:
             merged[keys[-1]] = self._rows[keys[-1]]
         self._rows = merged
 
     def history(self, points: int = POINTS) -> History:
-        """The whole run in at most ``points`` values per series (a bucket's largest peak, mean time)."""
+        """The whole run in at most ``points`` values per series, each an equal range of steps (its
+        largest peak, its mean step time; :func:`tui.step_buckets.even_series`)."""
+        found = self._history.get(points)
+        if found is not None:
+            return found
         keys = sorted(self._rows)
-        peaks = [p for k in keys if (p := self._rows[k][0]) is not None]
-        times = [t for k in keys if (t := self._rows[k][1]) is not None]
-        return History(
-            tuple(int(v) for v in _buckets(peaks, points, max)),
-            tuple(_buckets(times, points, lambda b: sum(b) / len(b))),
+        rows = [self._rows[k] for k in keys]
+        firsts = [r[0] for r in rows]
+        found = self._history[points] = History(
+            tuple(int(v) for v in even_series(keys, [r[1] for r in rows], points, MAX, firsts)),
+            tuple(even_series(keys, [r[2] for r in rows], points, MEAN, firsts)),
             self._first,
             self.path,
         )
-
-
-def _buckets(values: list[Any], points: int, combine: Callable[[list[Any]], Any]) -> list[Any]:
-    if len(values) <= points:
-        return values
-    size = -(-len(values) // points)
-    return [combine(values[i : i + size]) for i in range(0, len(values), size)]
+        return found
 
 
 def _header(path: Path) -> tuple[dict[str, object], float | None]:
