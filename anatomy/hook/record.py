@@ -154,6 +154,7 @@ class MemoryResult:
     at_peak: dict[str, int | None] | None = None
     at_peak_step: int | None = None
     activations_step: int | None = None  # the step whose saved tensors were counted
+    excess: int = 0  # bytes the named tensors exceeded the peak by (taken off the split's other rows)
 
 
 @dataclass(slots=True)

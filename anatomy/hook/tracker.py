@@ -43,6 +43,16 @@ import torch
 
 from anatomy import advisor
 from anatomy.hook import zero as zero_opt
+from anatomy.hook.assembly import (
+    SnapshotFacts,
+    StepFacts,
+    batch_size,
+    memory_result,
+    repeat,
+    snapshot,
+    stamp,
+    unmeasured,
+)
 from anatomy.hook.backend import CudaBackend, HeapBackend, MemoryBackend
 from anatomy.hook.changes import ModelWatch, OptimizerWatch
 from anatomy.hook.compiled import CompileProbe, compile_in_use, outside_compile
@@ -50,7 +60,7 @@ from anatomy.hook.cuda import CudaAllocator
 from anatomy.hook.detect import active_autocast_dtype, detect_optimizer, detect_precision, is_oom
 from anatomy.hook.distributed import Buckets, communication_bytes, ddp_buckets
 from anatomy.hook.gradients import GradientWatcher
-from anatomy.hook.guard import MAX_TEXT, Feature, Guard
+from anatomy.hook.guard import Feature, Guard
 from anatomy.hook.heap import HostHeap
 from anatomy.hook.held import Held
 from anatomy.hook.hello import build_hello
@@ -72,14 +82,7 @@ from anatomy.hook.schedule import (
     WARMUP_REFRESH_STEPS,
     Schedule,
 )
-from anatomy.hook.split import (
-    PeakSplitter,
-    divide_preexisting,
-    explained_after_optimizer,
-    held_after_optimizer,
-    step_parts,
-    traced_split,
-)
+from anatomy.hook.split import explained_after_optimizer, held_after_optimizer, step_parts, traced_split
 from anatomy.hook.tensors import (
     dominant_dtype,
     gradient_bytes,
@@ -105,7 +108,7 @@ from anatomy.protocol import Hello, Snapshot, Suggestion
 from anatomy.recorder import RecordSetting
 from anatomy.vocabulary import (
     MODEL_COMPONENTS,
-    Component,
+    MemorySource,
     OptimizerKind,
     Phase,
     Precision,
@@ -113,8 +116,6 @@ from anatomy.vocabulary import (
 )
 
 HISTORY_LENGTH = 120
-_NO_MEMORY: dict[str, int | None] = {c.value: None for c in Component}  # copied per snapshot
-_NAMED = (Feature.OPTIMIZER_STATES, Feature.GRADIENTS, Feature.ACTIVATIONS)
 
 
 log = logging.getLogger("anatomy")
@@ -245,7 +246,6 @@ class Tracker:
         self._channel = Channel(
             self._guard, enabled=publish, interval_s=self.interval_s, directory=directory, record=record
         )
-        self._splitter = PeakSplitter()
         self._sums = Sums()
         self._precision_override = precision
         self._optimizer_ref: weakref.ref[Any] | None = None  # weak: a replaced optimizer must die
@@ -262,7 +262,7 @@ class Tracker:
         self._opt_handles: list[Any] = []
         self._handles: list[Any] = []
         self._step: StepRecord | None = None
-        self._last_rec: StepRecord | None = None  # the last finished step
+        self._finished: StepRecord | None = None  # the last finished step (an OOM record is built from it)
         self._explicit = False
         self._unseen_updates = 0  # optimizer updates with no step around them (a forward never seen)
         self._closed = False
@@ -272,6 +272,7 @@ class Tracker:
         self._unpublished = False  # the latest snapshot has not gone to the publisher (a failed step)
         self._last_built = 0.0
         self._built_stamp: tuple[Any, ...] | None = None  # the stamp of the last step built in full
+        self._balance_logged = False  # the named tensors exceeded a peak: said once
         self._built_errors = 0  # the guard's version then
         self._hello: Hello | None = None
         self._batch_shape: tuple[int, ...] | None = None  # the first batch tensor's, for `plan --like`
@@ -768,11 +769,11 @@ class Tracker:
         throughput.step_finished(rec)
         groups_step = throughput.op_groups_step
         throughput.resolve()
-        self._last_rec = rec
+        self._finished = rec
         if self._steps_done >= self._quiet_until:  # (the steps per interval: as of this step's time)
             self._quiet_until = self._schedule.quiet_until(self._steps_done, self._looked_at)
         if due or exc is not None or groups_step != throughput.op_groups_step or not self._repeat(rec):
-            self._build()
+            self._build(rec)
         if exc is None:  # every finished step goes to the publisher (latest-only, O(1))
             self._publish_latest()
         else:
@@ -787,31 +788,17 @@ class Tracker:
             took = time.perf_counter() - rec.began_s
             budget.charge(SAMPLED, max(took - self._schedule.median_step_s, 0.0))
 
-    def _stamp(self, rec: StepRecord) -> tuple[Any, ...]:
-        """What a step's memory figures depend on besides the sums and the backend's state (which change
-        only on steps that measure): equal stamps, equal figures."""
-        sums = self._sums
-        return (
-            rec.micro,
-            self._batch_size(rec),
-            rec.grads_begin,
-            rec.opt_begin,
-            rec.grads if rec.grads is not None else sums.gradients,
-            rec.opt_after if rec.opt_after is not None else sums.optimizer_states,
-            rec.heap_from if rec.heap_from is not None else rec.index,  # whose heap readings (CPU)
-            rec.cuda_start,
-            rec.cuda_end,  # the allocator statistics read (CUDA; once per publish interval)
-        )
-
     def _repeat(self, rec: StepRecord) -> bool:
         """An ordinary step's snapshot, O(1): the last one built with this step's number, time and timing.
         Only where every other figure would come out the same — nothing was measured on this step (no
         count, no re-sum, no heap read, no trace), the same micro-batches and batch size, no new error,
         and on CUDA the same peak from the same start. Otherwise (False) the full build."""
         last = self._latest
-        if last is None or rec.profiled or rec.activations is not None or self._refreshes(rec):
+        if last is None or rec.profiled or rec.activations is not None:
             return False
-        if self._guard.version != self._built_errors or self._stamp(rec) != self._built_stamp:
+        if rec.refresh or rec.index == self._forced_refresh or self._guard.version != self._built_errors:
+            return False
+        if stamp(rec, self._sums, batch_size(rec, self._throughput.default_samples)) != self._built_stamp:
             return False
         memory = self._memory
         if memory is not None and not memory.is_cuda and (rec.heap_on or rec.heap_from is None):
@@ -821,13 +808,10 @@ class Tracker:
             if start is None or not rec.cuda_peaks or memory.step_peak(rec, start) != memory.last_peak:
                 return False
         try:
-            self._throughput.update_timing()
+            throughput = self._throughput
+            throughput.update_timing()
             self._seq += 1
-            snap = object.__new__(Snapshot)  # (a frozen dataclass: filled through its __dict__)
-            fields = snap.__dict__
-            fields.update(last.__dict__)
-            fields["seq"], fields["time"], fields["step"] = self._seq, time.time(), rec.index
-            fields["timing"] = self._throughput.timing
+            snap = repeat(last, self._seq, time.time(), rec.index, throughput.timing)
             self._latest = snap
             self.history.append(snap)
             return True
@@ -1211,92 +1195,30 @@ class Tracker:
     # -- the finished step's figures --------------------------------------------------------------
 
     def _memory_result(self, rec: StepRecord) -> MemoryResult:
-        """Component bytes of the finished step, its peak and where the peak was."""
-        guard = self._guard
-        parts = step_parts(rec, self._sums)
-        memory: dict[str, int | None] = dict(_NO_MEMORY)
-        memory[Component.WEIGHTS.value] = self._sums.weights + parts.weight_copies
-        if not guard.ok(Feature.OPTIMIZER_STATES):
-            memory[Component.OPTIMIZER_STATES.value] = None
-        else:
-            memory[Component.OPTIMIZER_STATES.value] = (
-                parts.optimizer_states if self._optimizer is not None else 0
-            )
-        memory[Component.GRADIENTS.value] = parts.gradients if guard.ok(Feature.GRADIENTS) else None
-        counted = None  # counted less often than every step: the figure says which step it is from
-        if guard.ok(Feature.ACTIVATIONS) and parts.activations_known:
-            counted = rec.index if rec.activations is not None else self._schedule.counted_step
-            counted = counted if counted >= 0 else None
-            memory[Component.ACTIVATIONS.value] = parts.activations
-            memory[Component.INPUTS.value] = parts.inputs or None  # a row only where there are some
-            unsharded = rec.unsharded if rec.activations is not None else self._sums.unsharded
-            memory[Component.UNSHARDED_PARAMETERS.value] = unsharded  # a row only under FSDP
-        buckets = self._sums.buckets
-        comm = communication_bytes(buckets, rec.grads_begin)
-        if buckets is not None and comm is not None and (comm or not buckets.are_gradients):
-            memory[Component.COMMUNICATION_BUFFERS.value] = (
-                comm  # a row only under DDP, when not the gradients
-            )
-        others = bool(self._others)
-        if others:
-            memory[Component.OTHER_MODELS.value] = self._sums.other_models
+        """The finished step's memory figures: its named tensors, the backend's peak of it, and what the
+        tracker knows, assembled by :func:`anatomy.hook.assembly.memory_result`."""
+        sums = self._sums
+        parts = step_parts(rec, sums)
         backend = self._memory
         split = backend.peak(rec, parts) if backend is not None else None
-        if backend is None or split is None:
-            return MemoryResult(
-                step=rec.index,
-                memory=memory,
-                micro=rec.micro,
-                batch=self._batch_size(rec),
-                activations_step=counted,
+        facts = StepFacts(
+            off=frozenset(self._guard.off),
+            has_optimizer=self._optimizer is not None,
+            counted_step=self._schedule.counted_step,
+            has_others=bool(self._others),
+            managed=self._managed,
+            batch=batch_size(rec, self._throughput.default_samples),
+            runtime=backend.runtime if backend is not None else None,
+            source=backend.source if backend is not None else MemorySource.NONE,
+        )
+        result = memory_result(rec, parts, sums, split, facts)
+        if result.excess and not self._balance_logged:
+            self._balance_logged = True
+            log.info(
+                "anatomy: the named tensors exceed the step's peak by %d bytes; taken off unattributed",
+                result.excess,
             )
-        memory[Component.TEMPORARIES.value] = split.temporaries
-        runtime = backend.runtime
-        pre = divide_preexisting(
-            split.preexisting or 0, parts.inputs, runtime, comm or 0, self._sums.other_models if others else 0
-        )
-        memory[Component.UNATTRIBUTED.value] = pre.unattributed if split.preexisting is not None else None
-        if runtime is not None:
-            memory[Component.RUNTIME.value] = runtime
-        if split.allocator_cache is not None:
-            memory[Component.ALLOCATOR_CACHE.value] = split.allocator_cache
-        named = guard.all_ok(*_NAMED)
-        weights = self._sums.weights
-        at_peak = self._splitter.split(
-            split.peak, weights, split.held, pre, runtime=runtime is not None, others=others
-        )
-        unsharded = memory.get(Component.UNSHARDED_PARAMETERS.value)
-        if unsharded is not None:
-            # The gathered parameters FSDP keeps through backward (those still held after the forward) are
-            # in the peak's remainder: named, out of temporaries.
-            held = min(unsharded, at_peak.get(Component.TEMPORARIES.value) or 0)
-            at_peak[Component.UNSHARDED_PARAMETERS.value] = held
-            at_peak[Component.TEMPORARIES.value] = (at_peak.get(Component.TEMPORARIES.value) or 0) - held
-        cuda = split.cuda
-        if cuda is not None and self._managed:
-            cuda = replace(cuda, managed=self._managed)
-        return MemoryResult(
-            step=rec.index,
-            memory=memory,
-            peak=split.peak,
-            phase=split.phase,
-            source=backend.source,
-            cuda=cuda,
-            micro=rec.micro,
-            batch=self._batch_size(rec),
-            at_peak=at_peak if named else None,
-            at_peak_step=split.at_peak_step if named else None,
-            activations_step=counted,
-        )
-
-    def _batch_size(self, rec: StepRecord) -> int | None:
-        """Samples per micro-batch: given per step (or at track()), else counted from the inputs."""
-        if rec.micro <= 0:
-            return None
-        samples = rec.samples if rec.samples is not None else self.default_samples
-        if samples is None:
-            samples = rec.samples_seen or None
-        return max(int(samples // rec.micro), 1) if samples else None
+        return result
 
     # -- set-up as detected -----------------------------------------------------------------------
 
@@ -1345,13 +1267,21 @@ class Tracker:
         """The snapshot of the last finished step."""
         return self._latest
 
-    def _build(self, oom: str | None = None) -> Snapshot | None:
-        rec = self._last_rec
-        if rec is None and oom is None:
-            return self._latest
+    def rebuild(self) -> Snapshot | None:
+        """The last finished step's snapshot built in full now, as a step that measured would be (an
+        ordinary step's snapshot is the last one repeated, which this equals); it becomes the latest."""
+        rec = self._finished
+        return self._build(rec) if rec is not None else self._latest
+
+    def _build(self, rec: StepRecord | None, oom: str | None = None) -> Snapshot | None:
+        """The snapshot of the finished step ``rec`` (None: no step finished yet), built in full. Without
+        ``oom`` it becomes the latest; with it (the error's text) it is the OOM record."""
         snap = None
         with self._guard(Feature.SNAPSHOT):
-            result = self._memory_result(rec) if rec is not None else None
+            if rec is not None:
+                result = self._memory_result(rec)
+            else:
+                result = unmeasured(self._steps_done, self._sums.weights if self.enabled else None)
             self._throughput.update_timing()
             snap = self._snapshot(result, oom)
         if snap is None:
@@ -1360,7 +1290,10 @@ class Tracker:
             self._latest = snap
             self._last_built = time.monotonic()
             self._built_errors = self._guard.version
-            self._built_stamp = self._stamp(rec) if rec is not None else None
+            if rec is not None:
+                self._built_stamp = stamp(rec, self._sums, result.batch)
+            else:
+                self._built_stamp = None
             self.history.append(snap)
         return snap
 
@@ -1382,39 +1315,27 @@ class Tracker:
             return zero_opt.expected(cached[1], zero, itemsize)
         return dict(cached[1])
 
-    def _snapshot(self, result: MemoryResult | None, oom: str | None) -> Snapshot:
-        if result is None:
-            memory: dict[str, int | None] = dict(_NO_MEMORY)
-            memory[Component.WEIGHTS.value] = self._sums.weights if self.enabled else None
-            result = MemoryResult(step=self._steps_done, memory=memory)
+    def _snapshot(self, result: MemoryResult, oom: str | None) -> Snapshot:
+        """The step's snapshot (:func:`anatomy.hook.assembly.snapshot`) with the advisor's suggestions."""
         achieved, mfu = self._rates()
         self._seq += 1
-        snap = Snapshot(
+        throughput = self._throughput
+        facts = SnapshotFacts(
             pid=os.getpid(),
             seq=self._seq,
             time=time.time(),
-            step=result.step,
-            memory=dict(result.memory),
             expected_bytes_per_param=self._expected_bytes(),
             parameter_count=self._param_count if self.enabled else 0,
             trainable_parameter_count=self._trainable_count if self.enabled else None,
-            peak_bytes=result.peak,
-            peak_phase=result.phase.value if result.phase is not None else None,
-            memory_source=result.source.value,
-            cuda=result.cuda,
-            timing=self._throughput.timing,
-            op_groups=dict(self._throughput.op_groups) if self._throughput.op_groups is not None else None,
-            op_groups_step=self._throughput.op_groups_step,
+            timing=throughput.timing,
+            op_groups=throughput.op_groups,
+            op_groups_step=throughput.op_groups_step,
             achieved_tflops=achieved,
             mfu=mfu,
-            grad_accum_steps=max(result.micro, 1) if result.micro else self.grad_accum_steps,
+            grad_accum_steps=self.grad_accum_steps,
             error=self.error,
-            oom=oom[:MAX_TEXT] if oom is not None else None,
-            batch_size=result.batch,
-            at_peak=result.at_peak,
-            at_peak_step=result.at_peak_step,
-            activations_step=result.activations_step,
         )
+        snap = snapshot(result, facts, oom)
         # Every finished step is built and published; the advisor, the costliest part, runs once per
         # publish interval (and for an OOM record) and its suggestions stand in between.
         now = time.monotonic()
@@ -1459,7 +1380,7 @@ class Tracker:
             return self._oom_path  # already written for this exception (step, then tracker, exit)
         self._oom_recorded = id(exc)
         with self._guard(Feature.OOM):
-            snap = self._build(oom=f"{type(exc).__name__}: {exc}")
+            snap = self._build(self._finished, oom=f"{type(exc).__name__}: {exc}")
             if snap is None:
                 return None
             self._oom_path = self._channel.write_oom(snap, self.hello)
