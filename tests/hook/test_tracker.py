@@ -152,7 +152,7 @@ def test_measurement_failure_never_reaches_training(
     def broken(*args: object, **kwargs: object) -> int:
         raise RuntimeError("state walk exploded")
 
-    monkeypatch.setattr("anatomy.hook.tracker.optimizer_state_bytes", broken)
+    monkeypatch.setattr("anatomy.hook.attach.optimizer_state_bytes", broken)
     model = _bert(hk)
     opt = torch.optim.AdamW(model.parameters())
     with (

@@ -1,0 +1,209 @@
+"""The finished step's snapshot: an ordinary step's repeated in O(1) (:meth:`StepSnapshots._repeat`), any
+other built in full (:meth:`StepSnapshots._build`) from the step record, the sums and the memory backend's
+peak by the pure functions of :mod:`anatomy.hook.assembly`; the advisor's suggestions; publishing, and
+the OOM record.
+
+A layer of :class:`~anatomy.hook.tracker.Tracker` (see :mod:`anatomy.hook.tracker_state`).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import time
+from dataclasses import replace
+from pathlib import Path
+
+from anatomy import advisor
+from anatomy.hook.assembly import (
+    SnapshotFacts,
+    StepFacts,
+    batch_size,
+    memory_result,
+    repeat,
+    snapshot,
+    stamp,
+    unmeasured,
+)
+from anatomy.hook.backend import CudaBackend
+from anatomy.hook.guard import Feature
+from anatomy.hook.phases import PhaseHooks
+from anatomy.hook.record import MemoryResult, StepRecord
+from anatomy.hook.split import step_parts
+from anatomy.protocol import Snapshot, Suggestion
+from anatomy.vocabulary import MemorySource
+
+log = logging.getLogger("anatomy")
+
+
+class StepSnapshots(PhaseHooks):
+    """A finished step's snapshot, the latest one, and where it goes."""
+
+    @property
+    def error(self) -> str | None:
+        """Why the hook measures less than it could (what failed), or None."""
+        return self._guard.error
+
+    @property
+    def latest(self) -> Snapshot | None:
+        """The snapshot of the last finished step."""
+        return self._latest
+
+    def rebuild(self) -> Snapshot | None:
+        """The last finished step's snapshot built in full now, as a step that measured would be (an
+        ordinary step's snapshot is the last one repeated, which this equals); it becomes the latest."""
+        rec = self._finished
+        return self._build(rec) if rec is not None else self._latest
+
+    def _repeat(self, rec: StepRecord) -> bool:
+        """An ordinary step's snapshot, O(1): the last one built with this step's number, time and timing.
+        Only where every other figure would come out the same — nothing was measured on this step (no
+        count, no re-sum, no heap read, no trace), the same micro-batches and batch size, no new error,
+        and on CUDA the same peak from the same start. Otherwise (False) the full build."""
+        last = self._latest
+        if last is None or rec.profiled or rec.activations is not None:
+            return False
+        if rec.refresh or rec.index == self._forced_refresh or self._guard.version != self._built_errors:
+            return False
+        if stamp(rec, self._sums, batch_size(rec, self._throughput.default_samples)) != self._built_stamp:
+            return False
+        memory = self._memory
+        if memory is not None and not memory.is_cuda and (rec.heap_on or rec.heap_from is None):
+            return False
+        if isinstance(memory, CudaBackend):
+            start = rec.cuda_start
+            if start is None or not rec.cuda_peaks or memory.step_peak(rec, start) != memory.last_peak:
+                return False
+        try:
+            throughput = self._throughput
+            throughput.update_timing()
+            self._seq += 1
+            snap = repeat(last, self._seq, time.time(), rec.index, throughput.timing)
+            self._latest = snap
+            self.history.append(snap)
+            return True
+        except Exception as exc:
+            self._guard.fail(Feature.SNAPSHOT, exc)
+        return False
+
+    def _build(self, rec: StepRecord | None, oom: str | None = None) -> Snapshot | None:
+        """The snapshot of the finished step ``rec`` (None: no step finished yet), built in full. Without
+        ``oom`` it becomes the latest; with it (the error's text) it is the OOM record."""
+        snap = None
+        with self._guard(Feature.SNAPSHOT):
+            if rec is not None:
+                result = self._memory_result(rec)
+            else:
+                result = unmeasured(self._steps_done, self._sums.weights if self.enabled else None)
+            self._throughput.update_timing()
+            snap = self._snapshot(result, oom)
+        if snap is None:
+            return self._latest
+        if oom is None:
+            self._latest = snap
+            self._last_built = time.monotonic()
+            self._built_errors = self._guard.version
+            if rec is not None:
+                self._built_stamp = stamp(rec, self._sums, result.batch)
+            else:
+                self._built_stamp = None
+            self.history.append(snap)
+        return snap
+
+    def _memory_result(self, rec: StepRecord) -> MemoryResult:
+        """The finished step's memory figures: its named tensors, the backend's peak of it, and what the
+        tracker knows, assembled by :func:`anatomy.hook.assembly.memory_result`."""
+        sums = self._sums
+        parts = step_parts(rec, sums)
+        backend = self._memory
+        split = backend.peak(rec, parts) if backend is not None else None
+        facts = StepFacts(
+            off=frozenset(self._guard.off),
+            has_optimizer=self._optimizer is not None,
+            counted_step=self._schedule.counted_step,
+            has_others=bool(self._others),
+            managed=self._managed,
+            batch=batch_size(rec, self._throughput.default_samples),
+            runtime=backend.runtime if backend is not None else None,
+            source=backend.source if backend is not None else MemorySource.NONE,
+        )
+        result = memory_result(rec, parts, sums, split, facts)
+        if result.excess and not self._balance_logged:
+            self._balance_logged = True
+            log.info(
+                "anatomy: the named tensors exceed the step's peak by %d bytes; taken off unattributed",
+                result.excess,
+            )
+        return result
+
+    def _snapshot(self, result: MemoryResult, oom: str | None) -> Snapshot:
+        """The step's snapshot (:func:`anatomy.hook.assembly.snapshot`) with the advisor's suggestions."""
+        achieved, mfu = self._rates()
+        self._seq += 1
+        throughput = self._throughput
+        facts = SnapshotFacts(
+            pid=os.getpid(),
+            seq=self._seq,
+            time=time.time(),
+            expected_bytes_per_param=self._expected_bytes(),
+            parameter_count=self._param_count if self.enabled else 0,
+            trainable_parameter_count=self._trainable_count if self.enabled else None,
+            timing=throughput.timing,
+            op_groups=throughput.op_groups,
+            op_groups_step=throughput.op_groups_step,
+            achieved_tflops=achieved,
+            mfu=mfu,
+            grad_accum_steps=self.grad_accum_steps,
+            error=self.error,
+        )
+        snap = snapshot(result, facts, oom)
+        # Every finished step is built and published; the advisor, the costliest part, runs once per
+        # publish interval (and for an OOM record) and its suggestions stand in between.
+        now = time.monotonic()
+        if oom is not None or now - self._advised_at >= self.interval_s:
+            self._suggestions = self._advise(snap)
+            self._advised_at = now
+        suggestions = self._suggestions
+        if suggestions or snap.error != self.error:  # the advisor's own failure shows at once
+            snap = replace(snap, suggestions=list(suggestions), error=self.error)
+        return snap
+
+    def _rates(self) -> tuple[float | None, float | None]:
+        device_name = None
+        tf32 = False
+        if self._is_cuda:
+            hello = self.hello
+            device_name, tf32 = hello.device_name, bool(hello.tf32)
+        return self._throughput.rates(device_name, self.precision, tf32)
+
+    def _advise(self, snap: Snapshot) -> list[Suggestion]:
+        if not self._guard.ok(Feature.ADVISOR):
+            return []
+        with self._guard(Feature.ADVISOR):
+            out = advisor.advise(self.hello, snap, tuple(self.history), None)
+            return [s for s in out if isinstance(s, Suggestion)][:64]
+        return []
+
+    def _publish_latest(self) -> None:
+        snap = self._latest
+        if snap is None:
+            return
+        self._unpublished = False
+        if self._hello_stale:  # the set-up changed: the monitor learns it before this step
+            self._hello_stale = False
+            self._channel.set_hello(self.hello)
+        self._channel.publish(snap, self.hello)
+
+    def _write_oom(self, exc: BaseException) -> Path | None:
+        """The last snapshot, with the error text, to the OOM file. Never raises."""
+        # By id: holding the exception would keep its traceback's frames (and tensors) alive.
+        if not self._channel.enabled or id(exc) == self._oom_recorded:
+            return self._oom_path  # already written for this exception (step, then tracker, exit)
+        self._oom_recorded = id(exc)
+        with self._guard(Feature.OOM):
+            snap = self._build(self._finished, oom=f"{type(exc).__name__}: {exc}")
+            if snap is None:
+                return None
+            self._oom_path = self._channel.write_oom(snap, self.hello)
+            return self._oom_path
+        return None
