@@ -11,6 +11,7 @@ from __future__ import annotations
 import time
 import weakref
 from collections.abc import Callable
+from dataclasses import replace
 from typing import Any
 
 import torch
@@ -27,7 +28,7 @@ from anatomy.hook.heap import HostHeap
 from anatomy.hook.hello import build_hello
 from anatomy.hook.paged import paged_state_bytes
 from anatomy.hook.quantized import weight_quantization
-from anatomy.hook.record import StepRecord
+from anatomy.hook.record import StepRecord, Sums
 from anatomy.hook.saved import SavedTensorCounter
 from anatomy.hook.schedule import LOOK
 from anatomy.hook.tensors import (
@@ -290,12 +291,16 @@ class Attachment(TrackerState):
         return False
 
     def _use_device(self, device: torch.device) -> None:
-        """Measure on this device: the caching allocator's statistics on CUDA, else glibc's heap."""
+        """Measure on this device: the caching allocator's statistics on CUDA, else glibc's heap (or the
+        backend the constructor's factory makes)."""
         self._device = device
         self._counter.device = device  # a saved tensor offloaded elsewhere holds none of its memory
         self._cuda_events = device.type == "cuda"
         self._hello_changed()
         # A fresh backend: a trace of another device's memory says nothing about this one.
+        if self._backend_factory is not None:
+            self._memory = self._backend_factory(device, self._guard)
+            return
         if device.type == "cuda":
             self._memory = CudaBackend(CudaAllocator(device), self._guard)
             return
@@ -310,6 +315,20 @@ class Attachment(TrackerState):
         for watch in (getattr(self, "_model_watch", None), getattr(self, "_optimizer_watch", None)):
             if watch is not None:
                 watch.close()
+
+    @property
+    def sums(self) -> Sums:
+        """A copy of the last exact sums over the model's and the optimizers' tensors and the last
+        activation count (changing it changes nothing here)."""
+        sums = self._sums
+        by_dtype, others = dict(sums.weights_by_dtype), dict(sums.other_by_name)
+        return replace(sums, weights_by_dtype=by_dtype, other_by_name=others)
+
+    @property
+    def activation_counter(self) -> SavedTensorCounter:
+        """The saved-tensor counter, for its figures (``activation_bytes``, ``track_alive``,
+        ``alive_activation_bytes``...): reading it changes nothing."""
+        return self._counter
 
     @property
     def _is_cuda(self) -> bool:

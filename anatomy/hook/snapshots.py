@@ -30,7 +30,9 @@ from anatomy.hook.guard import Feature
 from anatomy.hook.phases import PhaseHooks
 from anatomy.hook.record import MemoryResult, StepRecord
 from anatomy.hook.split import step_parts
+from anatomy.hook.throughput import Throughput
 from anatomy.protocol import Snapshot, Suggestion
+from anatomy.protocol.publisher import Publisher
 from anatomy.vocabulary import MemorySource
 
 log = logging.getLogger("anatomy")
@@ -183,6 +185,18 @@ class StepSnapshots(PhaseHooks):
             out = advisor.advise(self.hello, snap, tuple(self.history), None)
             return [s for s in out if isinstance(s, Suggestion)][:64]
         return []
+
+    @property
+    def publisher(self) -> Publisher | None:
+        """The publisher serving this tracker's socket: None before the first snapshot, without
+        publishing, or after ``close()``."""
+        return self._channel.publisher
+
+    @property
+    def throughput(self) -> Throughput:
+        """Step times, op groups and FLOP rate as resolved so far (``timing_step``: whose times the
+        latest are; ``pending``: clocks not yet readable)."""
+        return self._throughput
 
     def _publish_latest(self) -> None:
         snap = self._latest

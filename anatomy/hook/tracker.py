@@ -45,7 +45,7 @@ from typing import Any, Literal
 
 import torch
 
-from anatomy.hook.backend import HeapBackend, MemoryBackend
+from anatomy.hook.backend import BackendFactory, HeapBackend, MemoryBackend
 from anatomy.hook.compiled import CompileProbe
 from anatomy.hook.detect import is_oom
 from anatomy.hook.distributed import communication_bytes, ddp_buckets
@@ -58,7 +58,7 @@ from anatomy.hook.snapshots import StepSnapshots
 from anatomy.hook.split import explained_after_optimizer, held_after_optimizer, step_parts
 from anatomy.hook.step_context import NullContext, StepContext
 from anatomy.hook.throughput import Throughput
-from anatomy.hook.timing import BACKWARD_END, BEGIN, END, StepClock
+from anatomy.hook.timing import BACKWARD_END, BEGIN, END, ClockFactory, StepClock
 from anatomy.recorder import RecordSetting
 from anatomy.vocabulary import Phase, Precision
 
@@ -102,7 +102,13 @@ class Tracker(StepSnapshots):
         enabled: bool = True,
         record: RecordSetting = None,
         others: Mapping[str, torch.nn.Module] | None = None,
+        memory_backend: BackendFactory | None = None,
+        step_clock: ClockFactory = StepClock,
     ) -> None:
+        """``memory_backend``: makes the memory backend for the model's device (by default the caching
+        allocator's on CUDA, glibc's heap on the CPU); ``step_clock``: makes each step's clock (by default
+        a :class:`~anatomy.hook.timing.StepClock` on CUDA events where the model is on CUDA). Both are
+        for tests: a simulated allocator, a counting heap, fake events."""
         # Every attribute is declared, with what it means, in anatomy.hook.tracker_state.
         self.enabled = enabled
         self.model = model
@@ -128,6 +134,7 @@ class Tracker(StepSnapshots):
         self._expected = None
         self._autocast_dtype, self._grad_scaler = None, False
         self._device, self._cuda_events = None, False
+        self._step_clock, self._backend_factory = step_clock, memory_backend
         self._heap, self._memory = None, None
         self._param_count, self._param_dtype, self._trainable_count = 0, torch.float32, 0
         self._quantization = None
@@ -161,6 +168,11 @@ class Tracker(StepSnapshots):
         if not self._guard.ok(Feature.SETUP):  # a null tracker from here: nothing stays attached
             self._detach()
             self.enabled = False
+
+    @property
+    def steps_done(self) -> int:
+        """Steps finished so far: the index of the step in progress, if one is."""
+        return self._steps_done
 
     @property
     def sample_every(self) -> int:
@@ -224,7 +236,7 @@ class Tracker(StepSnapshots):
             if self._model_changed(index, quiet):  # a new head, an untied embedding, .to(): all sums anew
                 self._forced_refresh = index
                 quiet = False
-            clock = StepClock(cuda=self._cuda_events and Feature.TIMING not in off)
+            clock = self._step_clock(self._cuda_events and Feature.TIMING not in off)
             rec = StepRecord(index, auto, samples, tokens, clock)
             self._step = rec
             sums = self._sums

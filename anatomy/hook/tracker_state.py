@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from anatomy.hook.backend import MemoryBackend
+from anatomy.hook.backend import BackendFactory, MemoryBackend
 from anatomy.hook.changes import ModelWatch, OptimizerWatch
 from anatomy.hook.compiled import CompileProbe
 from anatomy.hook.guard import Guard
@@ -29,6 +29,7 @@ from anatomy.hook.record import StepRecord, Sums
 from anatomy.hook.saved import SavedTensorCounter
 from anatomy.hook.schedule import Schedule
 from anatomy.hook.throughput import Throughput
+from anatomy.hook.timing import ClockFactory
 from anatomy.protocol import Hello, Snapshot, Suggestion
 from anatomy.vocabulary import OptimizerKind, Precision
 
@@ -64,6 +65,8 @@ class TrackerState:
     _grad_scaler: bool
     _device: torch.device | None
     _cuda_events: bool  # phase times from CUDA events, else the host clock
+    _step_clock: ClockFactory  # a step's clock (StepClock, unless the constructor was given another)
+    _backend_factory: BackendFactory | None  # the memory backend per device, if given (else built in)
     _heap: HostHeap | None
     _memory: MemoryBackend | None
     _param_count: int
