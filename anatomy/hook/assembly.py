@@ -18,9 +18,9 @@ from anatomy.hook.guard import MAX_TEXT, Feature
 from anatomy.hook.record import MemoryResult, PeakSplit, StepParts, StepRecord, Sums
 from anatomy.hook.split import divide_preexisting, split_peak
 from anatomy.protocol import CudaMemory, OpGroupStat, Snapshot, Timing
-from anatomy.vocabulary import Component, MemorySource
+from anatomy.vocabulary import Component, MemorySource, OpGroup
 
-_NO_MEMORY: dict[str, int | None] = dict.fromkeys(Component)  # copied per result
+_NO_MEMORY: dict[Component, int | None] = dict.fromkeys(Component)  # copied per result
 _NAMED = (Feature.OPTIMIZER_STATES, Feature.GRADIENTS, Feature.ACTIVATIONS)
 
 
@@ -152,11 +152,11 @@ class SnapshotFacts:
     pid: int
     seq: int
     time: float
-    expected_bytes_per_param: dict[str, float | None]
+    expected_bytes_per_param: dict[Component, float | None]
     parameter_count: int
     trainable_parameter_count: int | None
     timing: Timing
-    op_groups: dict[str, OpGroupStat] | None
+    op_groups: dict[OpGroup, OpGroupStat] | None
     op_groups_step: int | None
     achieved_tflops: float | None
     mfu: float | None

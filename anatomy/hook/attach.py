@@ -42,7 +42,7 @@ from anatomy.hook.tensors import (
 )
 from anatomy.hook.tracker_state import TrackerState
 from anatomy.protocol import Hello
-from anatomy.vocabulary import MODEL_COMPONENTS, OptimizerKind, Precision, expected_bytes_per_param
+from anatomy.vocabulary import MODEL_COMPONENTS, Component, OptimizerKind, Precision, expected_bytes_per_param
 
 
 class Attachment(TrackerState):
@@ -374,7 +374,7 @@ class Attachment(TrackerState):
             )
         return self._hello
 
-    def _expected_bytes(self) -> dict[str, float | None]:
+    def _expected_bytes(self) -> dict[Component, float | None]:
         precision, kind = self.precision, self.optimizer_kind
         total, trainable = self._param_count, self._trainable_count
         fraction = round(trainable / total, 6) if total > 0 else 1.0
@@ -382,7 +382,7 @@ class Attachment(TrackerState):
         cached = self._expected
         if cached is None or cached[0] != (precision, kind, fraction, quantized):
             table = {
-                c.value: expected_bytes_per_param(c, precision, kind, fraction, quantized)
+                c: expected_bytes_per_param(c, precision, kind, fraction, quantized)
                 for c in MODEL_COMPONENTS
             }
             cached = self._expected = ((precision, kind, fraction, quantized), table)

@@ -116,7 +116,7 @@ def split_peak(
     pre: Preexisting,
     runtime: bool = False,
     others: bool = False,
-) -> tuple[dict[str, int | None], int]:
+) -> tuple[dict[Component, int | None], int]:
     """The peak split into what each component held at its moment, summing to the peak, and the excess
     taken off (0 where the named tensors fit).
 
@@ -126,7 +126,7 @@ def split_peak(
     before the reading), temporaries are 0 and the excess comes off unattributed first, so the sum
     holds. ``runtime``: the split has a runtime row (CPU); ``others``: an other-models row (models
     registered besides the trained one)."""
-    out: dict[str, int] = {
+    out: dict[Component, int] = {
         Component.WEIGHTS: weights + held.weight_copies,
         Component.OPTIMIZER_STATES: held.optimizer_states,
         Component.GRADIENTS: held.gradients,

@@ -31,7 +31,7 @@ from anatomy.hook.schedule import Schedule
 from anatomy.hook.throughput import Throughput
 from anatomy.hook.timing import ClockFactory
 from anatomy.protocol import Hello, Snapshot, Suggestion
-from anatomy.vocabulary import OptimizerKind, Precision
+from anatomy.vocabulary import Component, OptimizerKind, Precision
 
 
 class TrackerState:
@@ -60,7 +60,7 @@ class TrackerState:
     _opt_handles: list[Any]
     _handles: list[Any]
     _started_at: float
-    _expected: tuple[tuple[Precision, OptimizerKind, float, bool], dict[str, float | None]] | None
+    _expected: tuple[tuple[Precision, OptimizerKind, float, bool], dict[Component, float | None]] | None
     _autocast_dtype: torch.dtype | None
     _grad_scaler: bool
     _device: torch.device | None
