@@ -34,7 +34,7 @@ class StepFacts:
     counted_step: int  # the last step whose saved tensors were counted (-1: none yet)
     has_others: bool  # models named besides the trained one
     managed: int  # paged optimizer states in CUDA managed memory
-    batch: int | None  # samples per micro-batch (:func:`batch_size`)
+    default_samples: int | None  # samples per step given at track(), for the batch size
     runtime: int | None = None  # the runtime baseline (CPU), once measured
     source: MemorySource = MemorySource.NONE  # what the peak was read from
 
@@ -72,6 +72,7 @@ def memory_result(
     ``parts``: the step's named tensors (:func:`anatomy.hook.split.step_parts`); ``split``: the memory
     backend's peak of the step (None: no backend, or nothing read)."""
     off = facts.off
+    batch = batch_size(rec, facts.default_samples)
     memory = dict(_NO_MEMORY)
     memory[Component.WEIGHTS] = sums.weights + parts.weight_copies
     if Feature.OPTIMIZER_STATES in off:
@@ -96,7 +97,7 @@ def memory_result(
         memory[Component.OTHER_MODELS] = sums.other_models
     if split is None:
         return MemoryResult(
-            step=rec.index, memory=memory, micro=rec.micro, batch=facts.batch, activations_step=counted
+            step=rec.index, memory=memory, micro=rec.micro, batch=batch, activations_step=counted
         )
     memory[Component.TEMPORARIES] = split.temporaries
     runtime = facts.runtime
@@ -129,7 +130,7 @@ def memory_result(
         source=facts.source,
         cuda=cuda,
         micro=rec.micro,
-        batch=facts.batch,
+        batch=batch,
         at_peak=at_peak if named else None,
         at_peak_step=split.at_peak_step if named else None,
         activations_step=counted,
@@ -193,6 +194,30 @@ def snapshot(result: MemoryResult, facts: SnapshotFacts, oom: str | None = None)
         at_peak_step=result.at_peak_step,
         activations_step=result.activations_step,
     )
+
+
+@dataclass(frozen=True, slots=True)
+class Assembled:
+    """A step built in full: its snapshot (without suggestions), its :func:`stamp`, and the bytes the named
+    tensors exceeded its peak by (0: they fit)."""
+
+    snapshot: Snapshot
+    stamp: tuple[Any, ...]
+    excess: int
+
+
+def assemble(
+    rec: StepRecord,
+    parts: StepParts,
+    sums: Sums,
+    split: PeakSplit | None,
+    facts: StepFacts,
+    snapshot_facts: SnapshotFacts,
+    oom: str | None = None,
+) -> Assembled:
+    """A finished step from its values to its snapshot: :func:`memory_result`, then :func:`snapshot`."""
+    result = memory_result(rec, parts, sums, split, facts)
+    return Assembled(snapshot(result, snapshot_facts, oom), stamp(rec, sums, result.batch), result.excess)
 
 
 def repeat(last: Snapshot, seq: int, time: float, step: int, timing: Timing) -> Snapshot:

@@ -374,8 +374,9 @@ class Attachment(TrackerState):
             )
         return self._hello
 
-    def _expected_bytes(self) -> dict[Component, float | None]:
-        precision, kind = self.precision, self.optimizer_kind
+    def _expected_bytes(self, precision: Precision) -> dict[Component, float | None]:
+        """The guide's bytes per parameter for this set-up (``precision``: :attr:`precision`, as read)."""
+        kind = self.optimizer_kind
         total, trainable = self._param_count, self._trainable_count
         fraction = round(trainable / total, 6) if total > 0 else 1.0
         quantized = self._quantization is not None

@@ -16,10 +16,11 @@ from pathlib import Path
 
 from anatomy import advisor
 from anatomy.hook.assembly import (
+    Assembled,
     SnapshotFacts,
     StepFacts,
+    assemble,
     batch_size,
-    memory_result,
     repeat,
     snapshot,
     stamp,
@@ -28,7 +29,7 @@ from anatomy.hook.assembly import (
 from anatomy.hook.backend import CudaBackend
 from anatomy.hook.guard import Feature
 from anatomy.hook.phases import PhaseHooks
-from anatomy.hook.record import MemoryResult, StepRecord
+from anatomy.hook.record import StepRecord
 from anatomy.hook.split import step_parts
 from anatomy.hook.throughput import Throughput
 from anatomy.protocol import Snapshot, Suggestion
@@ -89,65 +90,77 @@ class StepSnapshots(PhaseHooks):
         return False
 
     def _build(self, rec: StepRecord | None, oom: str | None = None) -> Snapshot | None:
-        """The snapshot of the finished step ``rec`` (None: no step finished yet), built in full. Without
-        ``oom`` it becomes the latest; with it (the error's text) it is the OOM record."""
+        """The snapshot of the finished step ``rec`` (None: no step finished yet), built in full: its named
+        tensors and the memory backend's peak of it, with what the tracker knows, go to
+        :func:`anatomy.hook.assembly.assemble` once. Without ``oom`` it becomes the latest; with it (the
+        error's text) it is the OOM record."""
         snap = None
+        built_stamp = None
         with self._guard(Feature.SNAPSHOT):
-            if rec is not None:
-                result = self._memory_result(rec)
+            if rec is None:
+                weights = self._sums.weights if self.enabled else None
+                snap = snapshot(unmeasured(self._steps_done, weights), self._snapshot_facts(), oom)
             else:
-                result = unmeasured(self._steps_done, self._sums.weights if self.enabled else None)
-            self._throughput.update_timing()
-            snap = self._snapshot(result, oom)
+                built = self._assembled(rec, oom)
+                snap, built_stamp = built.snapshot, built.stamp
+            snap = self._advised(snap, oom)
         if snap is None:
             return self._latest
         if oom is None:
             self._latest = snap
             self._last_built = time.monotonic()
             self._built_errors = self._guard.version
-            if rec is not None:
-                self._built_stamp = stamp(rec, self._sums, result.batch)
-            else:
-                self._built_stamp = None
+            self._built_stamp = built_stamp
             self.history.append(snap)
         return snap
 
-    def _memory_result(self, rec: StepRecord) -> MemoryResult:
-        """The finished step's memory figures: its named tensors, the backend's peak of it, and what the
-        tracker knows, assembled by :func:`anatomy.hook.assembly.memory_result`."""
+    def _assembled(self, rec: StepRecord, oom: str | None) -> Assembled:
+        """The step's named tensors and the backend's peak of it (the backend keeps what the next steps
+        need), then the pure assembly of its figures."""
         sums = self._sums
         parts = step_parts(rec, sums)
         backend = self._memory
         split = backend.peak(rec, parts) if backend is not None else None
-        facts = StepFacts(
+        built = assemble(rec, parts, sums, split, self._step_facts(), self._snapshot_facts(), oom)
+        if built.excess and not self._balance_logged:
+            self._balance_logged = True
+            log.info(
+                "anatomy: the named tensors exceed the step's peak by %d bytes; taken off unattributed",
+                built.excess,
+            )
+        return built
+
+    def _step_facts(self) -> StepFacts:
+        """What a step's memory figures need of the tracker, as the step is built."""
+        backend = self._memory
+        return StepFacts(
             off=frozenset(self._guard.off),
             has_optimizer=self._optimizer is not None,
             counted_step=self._schedule.counted_step,
             has_others=bool(self._others),
             managed=self._managed,
-            batch=batch_size(rec, self._throughput.default_samples),
+            default_samples=self._throughput.default_samples,
             runtime=backend.runtime if backend is not None else None,
             source=backend.source if backend is not None else MemorySource.NONE,
         )
-        result = memory_result(rec, parts, sums, split, facts)
-        if result.excess and not self._balance_logged:
-            self._balance_logged = True
-            log.info(
-                "anatomy: the named tensors exceed the step's peak by %d bytes; taken off unattributed",
-                result.excess,
-            )
-        return result
 
-    def _snapshot(self, result: MemoryResult, oom: str | None) -> Snapshot:
-        """The step's snapshot (:func:`anatomy.hook.assembly.snapshot`) with the advisor's suggestions."""
-        achieved, mfu = self._rates()
-        self._seq += 1
+    def _snapshot_facts(self) -> SnapshotFacts:
+        """What a snapshot holds besides the step's memory figures: the newest step times, the rates, the
+        guide's bytes per parameter (counts the snapshot: its ``seq``)."""
         throughput = self._throughput
-        facts = SnapshotFacts(
+        throughput.update_timing()
+        precision = self.precision
+        device_name, tf32 = None, False
+        if self._is_cuda:
+            hello = self.hello
+            device_name, tf32 = hello.device_name, bool(hello.tf32)
+        achieved, mfu = throughput.rates(device_name, precision, tf32)
+        self._seq += 1
+        return SnapshotFacts(
             pid=os.getpid(),
             seq=self._seq,
             time=time.time(),
-            expected_bytes_per_param=self._expected_bytes(),
+            expected_bytes_per_param=self._expected_bytes(precision),
             parameter_count=self._param_count if self.enabled else 0,
             trainable_parameter_count=self._trainable_count if self.enabled else None,
             timing=throughput.timing,
@@ -158,9 +171,11 @@ class StepSnapshots(PhaseHooks):
             grad_accum_steps=self.grad_accum_steps,
             error=self.error,
         )
-        snap = snapshot(result, facts, oom)
-        # Every finished step is built and published; the advisor, the costliest part, runs once per
-        # publish interval (and for an OOM record) and its suggestions stand in between.
+
+    def _advised(self, snap: Snapshot, oom: str | None) -> Snapshot:
+        """The snapshot with the advisor's suggestions. Every finished step is built and published; the
+        advisor, the costliest part, runs once per publish interval (and for an OOM record) and its
+        suggestions stand in between."""
         now = time.monotonic()
         if oom is not None or now - self._advised_at >= self.interval_s:
             self._suggestions = self._advise(snap)
@@ -169,14 +184,6 @@ class StepSnapshots(PhaseHooks):
         if suggestions or snap.error != self.error:  # the advisor's own failure shows at once
             snap = replace(snap, suggestions=list(suggestions), error=self.error)
         return snap
-
-    def _rates(self) -> tuple[float | None, float | None]:
-        device_name = None
-        tf32 = False
-        if self._is_cuda:
-            hello = self.hello
-            device_name, tf32 = hello.device_name, bool(hello.tf32)
-        return self._throughput.rates(device_name, self.precision, tf32)
 
     def _advise(self, snap: Snapshot) -> list[Suggestion]:
         if not self._guard.ok(Feature.ADVISOR):
