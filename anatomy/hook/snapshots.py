@@ -1,7 +1,7 @@
-"""The finished step's snapshot: an ordinary step's repeated in O(1) (:meth:`StepSnapshots._repeat`), any
-other built in full (:meth:`StepSnapshots._build`) from the step record, the sums and the memory backend's
-peak by the pure functions of :mod:`anatomy.hook.assembly`; the advisor's suggestions; publishing, and
-the OOM record.
+"""The finished step's snapshot: an ordinary step's is the last one repeated in O(1)
+(:meth:`StepSnapshots._repeat`); any other is built in full (:meth:`StepSnapshots._build`): its record,
+the sums, the memory backend's peak and what the tracker knows go once to the pure
+:func:`anatomy.hook.assembly.assemble`. Then the advisor's suggestions, publishing, and the OOM record.
 
 A layer of :class:`~anatomy.hook.tracker.Tracker` (see :mod:`anatomy.hook.tracker_state`).
 """
