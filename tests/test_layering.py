@@ -224,12 +224,10 @@ def test_the_wire_imports_nothing_of_ours_but_the_vocabulary(module: str) -> Non
 
 
 # Small modules whose names say what they hold: no product file over MAX_LINES. The NVML simulator's
-# symbol table is one list of the library's entry points and stays whole. The hook is being split by
-# its own engineer: its files over the limit today are listed here, and come off the list as they shrink.
+# symbol table is one list of the library's entry points and stays whole.
 MAX_LINES = 500
 LONG_FILES_ALLOWED = {
     "tui/simnvml/library.py",
-    "anatomy/hook/tracker.py",
 }
 
 

@@ -11,6 +11,8 @@ from __future__ import annotations
 from collections.abc import Callable
 from time import perf_counter
 
+import torch
+
 from anatomy.hook.cuda import CudaAllocator, CudaStats
 from anatomy.hook.guard import Feature, Guard
 from anatomy.hook.heap import HostHeap
@@ -254,3 +256,6 @@ class CudaBackend:
 
 
 MemoryBackend = HeapBackend | CudaBackend
+# Makes the memory backend for the device the model's parameters are on (a tracker's constructor takes one:
+# a test's simulated allocator or counting heap).
+BackendFactory = Callable[[torch.device, Guard], MemoryBackend]

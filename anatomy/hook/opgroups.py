@@ -332,6 +332,10 @@ class OpGroupProfiler(TorchDispatchMode):
         return sum(self._ops.values())
 
     @property
+    def norm_forwards(self) -> int:  # normalization forwards seen (their backward ops are normalization)
+        return len(self._norm_starts)
+
+    @property
     def model_flops(self) -> float:
         """FLOPs of the model's forward and backward (all groups but the optimizer): MFU's numerator."""
         return sum(f for g, f in self._flops.items() if g is not OpGroup.OPTIMIZER)

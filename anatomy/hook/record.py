@@ -8,8 +8,8 @@ from typing import TYPE_CHECKING
 
 from anatomy.hook.held import Held
 from anatomy.protocol import CudaMemory
+from anatomy.vocabulary import Component, Phase
 from anatomy.vocabulary import MemorySource as MemorySource
-from anatomy.vocabulary import Phase
 
 if TYPE_CHECKING:
     from anatomy.hook.cuda import CudaStats
@@ -144,16 +144,17 @@ class MemoryResult:
     """The memory figures of one finished step, ready for a snapshot."""
 
     step: int
-    memory: dict[str, int | None]
+    memory: dict[Component, int | None]
     peak: int | None = None
     phase: Phase | None = None
     source: MemorySource = MemorySource.NONE
     cuda: CudaMemory | None = None
     micro: int = 0
     batch: int | None = None
-    at_peak: dict[str, int | None] | None = None
+    at_peak: dict[Component, int | None] | None = None
     at_peak_step: int | None = None
     activations_step: int | None = None  # the step whose saved tensors were counted
+    excess: int = 0  # bytes the named tensors exceeded the peak by (taken off the split's other rows)
 
 
 @dataclass(slots=True)

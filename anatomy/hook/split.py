@@ -3,14 +3,10 @@ at a phase's peak, and the split of the peak into components that sums to the pe
 
 from __future__ import annotations
 
-import logging
-
 from anatomy.hook.held import Held
 from anatomy.hook.record import Preexisting, StepParts, StepRecord, Sums, Traced
 from anatomy.hook.trace import MemoryTrace
 from anatomy.vocabulary import Component, Phase
-
-log = logging.getLogger("anatomy")
 
 
 def step_parts(rec: StepRecord, sums: Sums) -> StepParts:
@@ -113,57 +109,48 @@ _BALANCE_ORDER = (
 )
 
 
-class PeakSplitter:
-    """Splits a peak into what each component held at its moment, summing to the peak."""
+def split_peak(
+    peak: int,
+    weights: int,
+    held: Held,
+    pre: Preexisting,
+    runtime: bool = False,
+    others: bool = False,
+) -> tuple[dict[Component, int | None], int]:
+    """The peak split into what each component held at its moment, summing to the peak, and the excess
+    taken off (0 where the named tensors fit).
 
-    def __init__(self) -> None:
-        self._balance_logged = False
-
-    def split(
-        self,
-        peak: int,
-        weights: int,
-        held: Held,
-        pre: Preexisting,
-        runtime: bool = False,
-        others: bool = False,
-    ) -> dict[str, int | None]:
-        """What was in use at the step's start beyond weights, optimizer states and gradients (inputs,
-        the runtime baseline, unattributed) is constant through the step; temporaries are the rest of
-        the peak. If the named tensors and the rest exceed the peak (a trace from an earlier step,
-        gradients freed before the reading), temporaries are 0 and the excess comes off unattributed
-        first, so the sum holds. ``runtime``: the split has a runtime row (CPU); ``others``: an other-models
-        row (models registered besides the trained one)."""
-        out: dict[str, int] = {
-            Component.WEIGHTS: weights + held.weight_copies,
-            Component.OPTIMIZER_STATES: held.optimizer_states,
-            Component.GRADIENTS: held.gradients,
-            Component.ACTIVATIONS: held.activations,
-            Component.UNATTRIBUTED: pre.unattributed,
-        }
-        if pre.inputs:
-            out[Component.INPUTS] = pre.inputs
-        if pre.communication:
-            out[Component.COMMUNICATION_BUFFERS] = pre.communication
-        if runtime:
-            out[Component.RUNTIME] = pre.runtime
-        if others or pre.other_models:
-            out[Component.OTHER_MODELS] = pre.other_models
-        rest = peak - sum(out.values())
-        if rest < 0:
-            excess = -rest
-            if not self._balance_logged:
-                self._balance_logged = True
-                log.info(
-                    "anatomy: the named tensors exceed the step's peak by %d bytes; taken off unattributed",
-                    excess,
-                )
-            for key in _BALANCE_ORDER:
-                if key not in out:
-                    continue
-                take = min(excess, out[key])
-                out[key] -= take
-                excess -= take
-            rest = 0
-        out[Component.TEMPORARIES] = rest
-        return dict(out)
+    What was in use at the step's start beyond weights, optimizer states and gradients (inputs, the
+    runtime baseline, unattributed) is constant through the step; temporaries are the rest of the peak.
+    If the named tensors and the rest exceed the peak (a trace from an earlier step, gradients freed
+    before the reading), temporaries are 0 and the excess comes off unattributed first, so the sum
+    holds. ``runtime``: the split has a runtime row (CPU); ``others``: an other-models row (models
+    registered besides the trained one)."""
+    out: dict[Component, int] = {
+        Component.WEIGHTS: weights + held.weight_copies,
+        Component.OPTIMIZER_STATES: held.optimizer_states,
+        Component.GRADIENTS: held.gradients,
+        Component.ACTIVATIONS: held.activations,
+        Component.UNATTRIBUTED: pre.unattributed,
+    }
+    if pre.inputs:
+        out[Component.INPUTS] = pre.inputs
+    if pre.communication:
+        out[Component.COMMUNICATION_BUFFERS] = pre.communication
+    if runtime:
+        out[Component.RUNTIME] = pre.runtime
+    if others or pre.other_models:
+        out[Component.OTHER_MODELS] = pre.other_models
+    rest = peak - sum(out.values())
+    excess = max(-rest, 0)
+    if rest < 0:
+        left = excess
+        for key in _BALANCE_ORDER:
+            if key not in out:
+                continue
+            take = min(left, out[key])
+            out[key] -= take
+            left -= take
+        rest = 0
+    out[Component.TEMPORARIES] = rest
+    return dict(out), excess

@@ -15,7 +15,7 @@ from anatomy.hook.schedule import Schedule
 from anatomy.hook.timing import StepClock, durations_from_marks
 from anatomy.peaks import peak_flops
 from anatomy.protocol import OpGroupStat, Timing
-from anatomy.vocabulary import Precision
+from anatomy.vocabulary import OpGroup, Precision
 
 
 class Throughput:
@@ -31,7 +31,7 @@ class Throughput:
         self._pending_profile: tuple[int, OpGroupProfiler] | None = None
         self.timing = Timing()
         self.timing_step: int | None = None
-        self.op_groups: dict[str, OpGroupStat] | None = None
+        self.op_groups: dict[OpGroup, OpGroupStat] | None = None
         self.op_groups_step: int | None = None
         self.step_flops: float | None = None
 
@@ -79,7 +79,7 @@ class Throughput:
             return
         if result is not None:
             self._pending_profile = None
-            self.op_groups = {g.value: stat for g, stat in result.items()}
+            self.op_groups = dict(result)
             self.op_groups_step = index
             self.step_flops = float(prof.total_flops) if prof.total_flops else None
 

@@ -8,6 +8,7 @@ step — the hot path never synchronizes.
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -98,6 +99,11 @@ class StepClock:
         if not self.ready():
             return None
         return durations_from_marks(self._seconds())
+
+
+# Makes a step's clock, given whether it can time the step on the device (CUDA events): the class itself,
+# unless a tracker's constructor is given another (a test's fake events).
+ClockFactory = Callable[[bool], StepClock]
 
 
 def durations_from_marks(marks: list[tuple[str, float]]) -> StepDurations | None:

@@ -164,7 +164,9 @@ def precision(param_dtype: torch.dtype, detected: Precision) -> Precision:
     return detected
 
 
-def expected(table: dict[str, float | None], zero: Any, param_bytes: int) -> dict[str, float | None]:
+def expected(
+    table: dict[Component, float | None], zero: Any, param_bytes: int
+) -> dict[Component, float | None]:
     """The guide's bytes/param, laid out as DeepSpeed lays memory out: weights are the parameters' own
     dtype (``param_bytes``; the guide's mixed-precision weight figure includes the 4 B master copy, which
     DeepSpeed keeps with the optimizer), optimizer states gain the 4 B/param fp32 master, gradients are

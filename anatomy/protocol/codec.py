@@ -277,13 +277,13 @@ def _keyed(
 
 def _snapshot_from(d: Mapping[str, Any]) -> Snapshot:
     memory_raw = _keyed(d, "memory", _COMPONENT_KEYS) or {}
-    memory: dict[str, int | None] = {_COMPONENTS[k]: _bytes(memory_raw, k) for k in memory_raw}
+    memory: dict[Component, int | None] = {_COMPONENTS[k]: _bytes(memory_raw, k) for k in memory_raw}
     at_peak_raw = _keyed(d, "at_peak", _COMPONENT_KEYS, nullable=True)
-    at_peak: dict[str, int | None] | None = None
+    at_peak: dict[Component, int | None] | None = None
     if at_peak_raw is not None:
         at_peak = {_COMPONENTS[k]: _bytes(at_peak_raw, k) for k in at_peak_raw}
     expected_raw = _keyed(d, "expected_bytes_per_param", _COMPONENT_KEYS) or {}
-    expected: dict[str, float | None] = {
+    expected: dict[Component, float | None] = {
         _COMPONENTS[k]: _opt_num(expected_raw, k, MAX_BYTES_PER_PARAM) for k in expected_raw
     }
     cuda_raw = _req(d, "cuda", dict, nullable=True)
@@ -300,7 +300,7 @@ def _snapshot_from(d: Mapping[str, Any]) -> Snapshot:
         }
     )
     groups_raw = _keyed(d, "op_groups", _OPGROUP_KEYS, nullable=True)
-    groups: dict[str, OpGroupStat] | None = None
+    groups: dict[OpGroup, OpGroupStat] | None = None
     if groups_raw is not None:
         groups = {}
         for k, v in groups_raw.items():

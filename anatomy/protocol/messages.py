@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from anatomy.vocabulary import MemorySource, OptimizerKind, Phase, Precision, Source
+from anatomy.vocabulary import Component, MemorySource, OpGroup, OptimizerKind, Phase, Precision, Source
 
 PROTOCOL_VERSION = 3
 READABLE_VERSIONS = frozenset({1, 2, 3})
@@ -110,19 +110,18 @@ class Snapshot:
     seq: int
     time: float
     step: int
-    # Component -> bytes; None means unmeasured on this platform (never 0 for unknown). Decode keys the
-    # maps by members (Component, OpGroup) and every reader looks members up; the annotations name ``str``
-    # (a member is one) until the hook, which still builds them keyed by the values, keys them by members.
-    memory: dict[str, int | None]
-    # Component -> bytes/param the guide expects for this set-up (None: no guide figure).
-    expected_bytes_per_param: dict[str, float | None]
+    # Bytes per component; None means unmeasured on this platform (never 0 for unknown). The hook builds
+    # and decode returns the maps keyed by the vocabulary's members, which encode as their strings.
+    memory: dict[Component, int | None]
+    # The bytes/param the guide expects for this set-up (None: no guide figure).
+    expected_bytes_per_param: dict[Component, float | None]
     parameter_count: int
     peak_bytes: int | None = None
-    peak_phase: Phase | str | None = None  # str: from the tracker, which still passes the value
+    peak_phase: Phase | None = None
     memory_source: MemorySource | str = MemorySource.TENSORS  # an unknown word stays a string
     cuda: CudaMemory | None = None
     timing: Timing = field(default_factory=Timing)
-    op_groups: dict[str, OpGroupStat] | None = None  # OpGroup -> stat, from a sampled step
+    op_groups: dict[OpGroup, OpGroupStat] | None = None  # from a sampled step
     op_groups_step: int | None = None  # which step the op groups were sampled on
     achieved_tflops: float | None = None
     mfu: float | None = None
@@ -134,7 +133,7 @@ class Snapshot:
     # Optional (F1): Component -> bytes held AT THE MOMENT of the step's peak (weights, optimizer
     # states, gradients, activations, temporaries, unattributed); they sum to ``peak_bytes`` exactly.
     # ``memory`` keeps each component at its own maximum. None: an older hook, or no peak measured.
-    at_peak: dict[str, int | None] | None = None
+    at_peak: dict[Component, int | None] | None = None
     at_peak_step: int | None = None  # the step whose per-op trace gave the at-peak split
     trainable_parameter_count: int | None = None  # version 3: the divisor of gradients and optimizer states
     activations_step: int | None = None  # optional: the step whose saved tensors gave ``activations``

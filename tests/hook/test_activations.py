@@ -187,7 +187,7 @@ def test_split_at_peak_matches_memtracker(
     if "optimizer" in phases:
         # all gradients; of the activations only what the loop still holds (the model's outputs)
         assert (
-            acts < 0.01 * (snap.memory[Component.ACTIVATIONS.value] or 0) and grads == tracker._sums.gradients
+            acts < 0.01 * (snap.memory[Component.ACTIVATIONS.value] or 0) and grads == tracker.sums.gradients
         )
         oracle_temporaries = peak[_MemRefType.OPT] - states + peak[_MemRefType.TEMP]
     else:
@@ -201,7 +201,7 @@ def test_split_at_peak_matches_memtracker(
     without_rest = snap.peak_bytes - outside
     assert without_rest == pytest.approx(peak["Total"], rel=0.03)
     # and each component's own maximum is kept next to it
-    assert snap.memory[Component.GRADIENTS.value] == tracker._sums.gradients
+    assert snap.memory[Component.GRADIENTS.value] == tracker.sums.gradients
 
 
 class _Mallinfo2(ctypes.Structure):

@@ -23,7 +23,9 @@ from torch.utils._python_dispatch import TorchDispatchMode
 import anatomy
 from anatomy.hook.backend import CudaBackend
 from anatomy.hook.cuda import CudaAllocator
+from anatomy.hook.guard import Guard
 from anatomy.hook.heap import HostHeap
+from anatomy.hook.timing import StepClock
 from anatomy.peaks import peak_flops
 from anatomy.vocabulary import Component, Precision
 
@@ -94,9 +96,10 @@ def _simulated(model: torch.nn.Module, opt: torch.optim.Optimizer) -> SimulatedC
     return SimulatedCuda(heap, base=now - tensors)
 
 
-def _on_simulated_cuda(tracker: anatomy.Tracker) -> None:
-    tracker._memory = CudaBackend(CudaAllocator(torch.device("cuda", 0)), tracker._guard)
-    tracker._cuda_events = False  # host clock: there are no CUDA events to record
+def _on_simulated_cuda(device: torch.device, guard: Guard) -> CudaBackend:
+    """The memory backend of a model on the CPU, as if it were on ``cuda:0`` (the allocator simulated);
+    the step's clock stays the host's (the device is the CPU): there are no CUDA events to record."""
+    return CudaBackend(CudaAllocator(torch.device("cuda", 0)), guard)
 
 
 def _run(hk: SimpleNamespace, sim: pytest.MonkeyPatch | None) -> Any:
@@ -116,12 +119,13 @@ def _train(hk: SimpleNamespace, sim: pytest.MonkeyPatch | None) -> Any:
     model = hk.small_bert()
     opt = torch.optim.AdamW(model.parameters())
     hk.train_steps(model, opt, 1, batch=batch)  # optimizer state exists before tracking
-    tracker = anatomy.track(model, opt, publish=False, sample_every=3)  # step 1 sampled, 2 not
+    backend = _on_simulated_cuda if sim is not None else None
+    # step 1 sampled, 2 not
+    tracker = anatomy.Tracker(model, opt, publish=False, sample_every=3, memory_backend=backend)
     cuda = None
     if sim is not None:
         cuda = _simulated(model, opt)
         cuda.install(sim)
-        _on_simulated_cuda(tracker)
         with cuda:
             hk.train_steps(model, opt, 3, tracker, batch=batch)
     else:
@@ -219,8 +223,11 @@ def test_cuda_event_timing_is_resolved_lazily_without_sync(
     opt = torch.optim.AdamW(model.parameters())
     batch = hk.bert_batch()
     batch["input_ids"] = batch["input_ids"] % 2000
-    tracker = anatomy.track(model, opt, publish=False, sample_every=0)
-    tracker._cuda_events = True
+
+    def on_events(cuda: bool) -> StepClock:  # the CPU model's steps timed with (fake) CUDA events
+        return StepClock(cuda=True)
+
+    tracker = anatomy.Tracker(model, opt, publish=False, sample_every=0, step_clock=on_events)
     hk.train_steps(model, opt, 3, tracker, batch=batch)
     pending = tracker.latest
     assert pending is not None and pending.timing.step_s is None  # nothing completed yet: unknown
@@ -232,7 +239,7 @@ def test_cuda_event_timing_is_resolved_lazily_without_sync(
     t = done.timing
     assert t.step_s and t.forward_s and t.backward_s and t.optimizer_s
     assert t.forward_s + t.backward_s + t.optimizer_s <= t.step_s * 1.0001
-    assert tracker._throughput.timing_step == 3 and not tracker._throughput.pending  # all resolved
+    assert tracker.throughput.timing_step == 3 and not tracker.throughput.pending  # all resolved
     assert t.samples_per_s == pytest.approx(hk.BATCH / t.step_s)
 
 
@@ -244,12 +251,11 @@ def _tracked_on_simulated_cuda(
     batch["input_ids"] = batch["input_ids"] % 2000
     opt = torch.optim.AdamW(model.parameters())
     hk.train_steps(model, opt, 1, batch=batch)
-    tracker = anatomy.track(model, opt, publish=False, sample_every=3)
+    tracker = anatomy.Tracker(model, opt, publish=False, sample_every=3, memory_backend=_on_simulated_cuda)
     cuda = _simulated(model, opt)
     cuda.install(monkeypatch)
     props = SimpleNamespace(name=H100, total_memory=80 * 2**30)
     monkeypatch.setattr(torch.cuda, "get_device_properties", lambda *a: props)
-    _on_simulated_cuda(tracker)
     return model, opt, tracker, cuda, batch
 
 

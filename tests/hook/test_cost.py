@@ -47,7 +47,7 @@ def test_an_ordinary_steps_snapshot_equals_a_full_build(tmp_path: Path) -> None:
     repeated = tracker.latest
     assert repeated is not None and repeated.step == 7
     assert tracker.history[7].memory is tracker.history[4].memory  # repeated, not built
-    full = tracker._build()  # the same finished step, built in full
+    full = tracker.rebuild()  # the same finished step, built in full
     tracker.close()
     assert full is not None and full is not repeated and full.step == 7
     assert _fields(full) == _fields(repeated)

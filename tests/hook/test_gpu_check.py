@@ -193,7 +193,7 @@ class StandInCuda:
 def _tiny_workload(monitor: bool) -> Any:
     from transformers import LlamaConfig, LlamaForCausalLM
 
-    from anatomy.gpucheck.workloads import Workload, _adamw
+    from anatomy.gpucheck.workloads import Workload
 
     def build() -> torch.nn.Module:
         cfg = LlamaConfig(
@@ -212,7 +212,10 @@ def _tiny_workload(monitor: bool) -> Any:
         ids = torch.randint(0, 128, (2, 16), generator=torch.Generator().manual_seed(i)).to(dev)
         return {"input_ids": ids, "labels": ids}
 
-    return Workload("tiny-llama", build, batch, _adamw, 2, 32, monitor=monitor, steps=4)
+    def adamw(model: torch.nn.Module) -> Any:
+        return torch.optim.AdamW(model.parameters(), lr=1e-4)  # as the check's own workloads train
+
+    return Workload("tiny-llama", build, batch, adamw, 2, 32, monitor=monitor, steps=4)
 
 
 def test_the_pipeline_runs_every_check_and_fails_each_gpu_one_on_its_own(
@@ -301,9 +304,13 @@ def test_the_hook_publishes_managed_memory_on_cuda(monkeypatch: pytest.MonkeyPat
     }
     monkeypatch.setattr(torch.cuda, "memory_stats", lambda device=None: dict(stats))
     monkeypatch.setattr(torch.cuda, "memory_allocated", lambda device=None: 10 * MIB)
-    tracker = anatomy.track(model, opt, publish=False)
-    tracker._memory = CudaBackend(CudaAllocator(torch.device("cuda", 0)), tracker._guard)
-    tracker._cuda_events = False
+    # a CPU model measured as if on cuda:0 (the allocator's figures are the ones above); the host's clock
+    tracker = anatomy.Tracker(
+        model,
+        opt,
+        publish=False,
+        memory_backend=lambda device, guard: CudaBackend(CudaAllocator(torch.device("cuda", 0)), guard),
+    )
     for _ in range(2):
         with tracker.step():
             model(torch.randn(4, 32)).sum().backward()

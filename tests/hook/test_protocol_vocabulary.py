@@ -3,6 +3,7 @@ the one built with their strings, and decode hands back the members it validates
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from dataclasses import replace
 
@@ -123,3 +124,45 @@ def test_the_state_and_role_words_are_the_strings_in_use() -> None:
     assert [s.value for s in PublisherState] == ["live", "oom", "exited", "error"]
     assert [r.value for r in TreeRole] == ["gpu", "ancestor", "child"]
     assert MemorySource.TENSORS == "tensors" and Snapshot(0, 0, 0.0, 0, {}, {}, 0).memory_source == "tensors"
+
+
+def _plain(value: object) -> object:
+    """``value`` with every vocabulary member (keys, values, nested messages) its plain string."""
+    if isinstance(value, Word):
+        return str.__str__(value)
+    if isinstance(value, dict):
+        return {_plain(k): _plain(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_plain(v) for v in value]
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        fields = {f.name: _plain(getattr(value, f.name)) for f in dataclasses.fields(value)}
+        return replace(value, **fields)  # type: ignore[type-var]
+    return value
+
+
+def test_the_hook_builds_its_messages_with_members_and_they_encode_as_their_strings() -> None:
+    """The tracker keys a snapshot's maps by Component and OpGroup and names the peak's phase, the memory
+    source and the hello's precision by members; each message encodes to the bytes of its all-string twin."""
+    import torch
+
+    import anatomy
+
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(32, 32), torch.nn.LayerNorm(32), torch.nn.Linear(32, 1))
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    x = torch.randn(8, 32)
+    with anatomy.track(model, opt, publish=False, sample_every=2, interval_s=0.0) as tracker:
+        for _ in range(4):  # step 1 sampled: op groups and the traced split at the peak
+            with tracker.step():
+                model(x).sum().backward()
+                opt.step()
+                opt.zero_grad()
+        snaps, hello = list(tracker.history), tracker.hello
+    assert type(hello.precision) is Precision and type(hello.optimizer) is OptimizerKind
+    last = snaps[-1]
+    assert last.op_groups is not None and last.at_peak is not None
+    assert {type(k) for k in (*last.memory, *last.expected_bytes_per_param, *last.at_peak)} == {Component}
+    assert {type(k) for k in last.op_groups} == {OpGroup}
+    assert type(last.peak_phase) is Phase and type(last.memory_source) is MemorySource
+    for msg in (hello, *snaps):
+        assert protocol.encode(msg) == protocol.encode(_plain(msg))  # type: ignore[arg-type]

@@ -14,6 +14,8 @@ import torch
 import anatomy
 from anatomy import protocol
 from anatomy.hook.backend import HeapBackend
+from anatomy.hook.guard import Guard
+from anatomy.hook.heap import HostHeap
 from anatomy.vocabulary import Component, OpGroup, Phase
 
 VOCAB = 2000
@@ -152,7 +154,7 @@ def test_measurement_failure_never_reaches_training(
     def broken(*args: object, **kwargs: object) -> int:
         raise RuntimeError("state walk exploded")
 
-    monkeypatch.setattr("anatomy.hook.tracker.optimizer_state_bytes", broken)
+    monkeypatch.setattr("anatomy.hook.attach.optimizer_state_bytes", broken)
     model = _bert(hk)
     opt = torch.optim.AdamW(model.parameters())
     with (
@@ -249,12 +251,13 @@ def test_activations_recounted_when_the_input_shape_changes(hk: SimpleNamespace)
             snap = tracker.latest
             assert snap is not None
             seen.append(snap.memory[Component.ACTIVATIONS.value])
-        counted = [tracker._last_rec.counting if tracker._last_rec else None]
+        last = tracker.latest
+        counted = [last.activations_step if last is not None and last.step == 5 else None]
     a_small, a_large = seen[0], seen[4]
     assert a_small and a_large and a_large > 2.5 * a_small  # 3x the batch
     assert seen[:4] == [a_small] * 4  # step 3 not counted: the last count stands
     assert seen[5] == a_large
-    assert counted == [False]  # the last step (same shape, same interval) did not pack anything
+    assert counted == [4]  # the last step (same shape, same interval) did not count: step 4's count stands
 
 
 def test_no_memory_growth_over_steps(hk: SimpleNamespace) -> None:
@@ -350,7 +353,7 @@ def test_every_step_is_published_and_close_sends_the_last(hk: SimpleNamespace, r
     tracker = anatomy.track(model, opt, interval_s=60.0, sample_every=0)
     published: list[int] = []
     hk.train_steps(model, opt, 1, tracker, batch=batch)
-    pub = tracker._channel.publisher
+    pub = tracker.publisher
     assert pub is not None and tracker.socket_path is not None
     original = pub.publish
     pub.publish = lambda snap: (published.append(snap.step), original(snap))  # type: ignore[method-assign]
@@ -376,17 +379,24 @@ def test_defaults_and_the_traced_step_leaves_nothing_behind(hk: SimpleNamespace)
     assert inspect.signature(anatomy.track).parameters["sample_every"].default == 100
     model = _bert(hk)
     opt = torch.optim.AdamW(model.parameters())
-    with anatomy.track(model, opt, publish=False) as tracker:
+    backends: list[HeapBackend] = []
+
+    def heap_backend(device: torch.device, guard: Guard) -> HeapBackend:
+        backends.append(HeapBackend(HostHeap(), guard))
+        return backends[-1]
+
+    with anatomy.Tracker(model, opt, publish=False, memory_backend=heap_backend) as tracker:
         assert tracker.sample_every == 100
         hk.train_steps(model, opt, 3, tracker, batch=_batch(hk))  # step 1 is sampled and traced
         snap = tracker.latest
         assert snap is not None and snap.op_groups_step == 1
-        assert tracker._memory is not None and tracker._memory.traced is not None
-        assert tracker._memory.traced.step == 1  # the one trace so far, and it is step 1's
+        assert len(backends) == 1 and backends[0].traced is not None
+        assert backends[0].traced.step == 1  # the one trace so far, and it is step 1's
         # The split shown is the trace's unless step 2's heap readings rose >10% above the traced peak
         # (glibc's in-use figure includes other threads' allocations: a loaded CI machine sees that).
         assert snap.at_peak_step in (1, 2)
-        assert not tracker._counter.track_alive and tracker._counter.alive_activation_bytes == 0
+        counter = tracker.activation_counter
+        assert not counter.track_alive and counter.alive_activation_bytes == 0
         assert all(not p._post_accumulate_grad_hooks for p in model.parameters())
 
 
@@ -414,7 +424,7 @@ def test_split_at_peak_under_gradient_accumulation(hk: SimpleNamespace) -> None:
     last = history[1]  # step 1's traced split
     assert last.at_peak is not None and last.step == last.at_peak_step == 1
     assert last.peak_phase in ("forward", "backward")  # activations of 16 samples top AdamW's temporaries
-    assert last.at_peak[Component.GRADIENTS.value] == tracker._sums.gradients  # micro-batch 1's
+    assert last.at_peak[Component.GRADIENTS.value] == tracker.sums.gradients  # micro-batch 1's
     assert last.at_peak[Component.ACTIVATIONS.value] > 0.5 * (last.memory[Component.ACTIVATIONS.value] or 0)
 
 
@@ -459,12 +469,11 @@ def test_advisor_runs_once_per_interval_while_every_step_is_built(
 
 
 class _CountingHeap:
-    """Wraps the tracker's HostHeap: every reading, with the step it was taken in."""
+    """A HostHeap that keeps every reading, with the step it was taken in (``tracker``: set once made)."""
 
-    def __init__(self, tracker: anatomy.Tracker) -> None:
-        assert isinstance(tracker._memory, HeapBackend)
-        self.heap = tracker._memory.heap
-        self.tracker = tracker
+    def __init__(self) -> None:
+        self.heap = HostHeap()
+        self.tracker: anatomy.Tracker | None = None
         self.reads: list[tuple[int, int]] = []
 
     @property
@@ -474,9 +483,8 @@ class _CountingHeap:
     def in_use(self) -> int | None:
         assert self.heap is not None
         now = self.heap.in_use()
-        rec = self.tracker._step
-        if now is not None and rec is not None:
-            self.reads.append((rec.index, now))
+        if now is not None and self.tracker is not None:
+            self.reads.append((self.tracker.steps_done, now))  # (the step in progress has this index)
         return now
 
 
@@ -485,10 +493,16 @@ def test_heap_is_read_on_first_steps_and_shape_changes_not_every_step(hk: Simple
     after a shape change; a step in between reports the last read step's figures and says so."""
     model = _bert(hk)
     opt = torch.optim.AdamW(model.parameters())
-    tracker = anatomy.track(model, opt, publish=False, sample_every=0, interval_s=3600.0)
-    counting = _CountingHeap(tracker)
-    assert isinstance(tracker._memory, HeapBackend)
-    tracker._memory.heap = counting  # type: ignore[assignment]
+    counting = _CountingHeap()
+    tracker = anatomy.Tracker(
+        model,
+        opt,
+        publish=False,
+        sample_every=0,
+        interval_s=3600.0,
+        memory_backend=lambda device, guard: HeapBackend(counting, guard),  # type: ignore[arg-type]
+    )
+    counting.tracker = tracker
     hk.train_steps(model, opt, 8, tracker, batch=_batch(hk))
     history = list(tracker.history)
     read_steps = sorted({step for step, _ in counting.reads})

@@ -137,7 +137,7 @@ def reconcile_note(rec: Reconciled, step: int | None = None) -> Text:
     return text
 
 
-def _shares(groups: dict[str, OpGroupStat], attr: str) -> dict[str, float | None]:
+def _shares(groups: dict[OpGroup, OpGroupStat], attr: str) -> dict[OpGroup, float | None]:
     values = {k: getattr(v, attr) for k, v in groups.items()}
     total = sum(v for v in values.values() if v is not None)
     return {k: (v / total if v is not None and total > 0 else None) for k, v in values.items()}

@@ -1,0 +1,435 @@
+"""The tracker's phase hooks: what happens at each boundary inside a step — the forward's start and end,
+a backward's end, the optimizer's step (with or without a closure) — and the sampled step's
+instruments, the op-group profiler and the per-op memory trace.
+
+A layer of :class:`~anatomy.hook.tracker.Tracker` (see :mod:`anatomy.hook.tracker_state`). The hooks
+run on every step: each is one guarded section (the guard's contract) and spares every call it can.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Mapping
+from typing import Any
+
+import torch
+
+from anatomy.hook.attach import Attachment
+from anatomy.hook.compiled import compile_in_use, outside_compile
+from anatomy.hook.detect import active_autocast_dtype
+from anatomy.hook.gradients import GradientWatcher
+from anatomy.hook.guard import Feature
+from anatomy.hook.held import Held
+from anatomy.hook.hello import target_shape
+from anatomy.hook.opgroups import OpGroupProfiler
+from anatomy.hook.record import StepRecord
+from anatomy.hook.saved_values import input_storage_keys
+from anatomy.hook.schedule import COUNT
+from anatomy.hook.split import explained_after_optimizer, held_after_optimizer, step_parts, traced_split
+from anatomy.hook.step_context import wrap_closure
+from anatomy.hook.timing import BACKWARD_END, FORWARD_POST, FORWARD_PRE, OPTIMIZER_POST, OPTIMIZER_PRE
+from anatomy.hook.trace import MemoryTrace
+from anatomy.vocabulary import Phase
+
+log = logging.getLogger("anatomy")
+UNSEEN_UPDATES_WARNING = 3  # updates without any step seen before the tracker says so, once
+
+
+def first_tensor(args: tuple[Any, ...], kwargs: Mapping[str, Any]) -> torch.Tensor | None:
+    """The forward's batch tensor: the usual keyword names first, then the first positional tensor."""
+    for key in ("input_ids", "inputs_embeds", "pixel_values", "input_values", "input_features", "x", "input"):
+        value = kwargs.get(key)
+        if isinstance(value, torch.Tensor):
+            return value
+    for value in args:
+        if isinstance(value, torch.Tensor):
+            return value
+    return None
+
+
+class PhaseHooks(Attachment):
+    """The boundaries inside a step, and the sampled step's instruments."""
+
+    # -- sampled steps -----------------------------------------------------------------------------
+
+    def _start_profiler(self, rec: StepRecord) -> None:
+        with self._guard(Feature.OP_GROUPS):
+            # Normalization modules are watched by module hooks, except where something is compiled:
+            # a graph compiled while they are on would break at every norm for good.
+            modules = () if compile_in_use(self.model) else self.model.modules()
+            prof = OpGroupProfiler(modules, hook=outside_compile)
+            prof.__enter__()
+            rec.profiler = prof
+            rec.profiled = True
+
+    def _stop_profiler(self, rec: StepRecord, exc: BaseException | None) -> None:
+        prof, rec.profiler = rec.profiler, None
+        if prof is None:
+            return
+        with self._guard(Feature.OP_GROUPS):
+            if exc is None:
+                prof.__exit__(None, None, None)
+                self._throughput.profile_finished(rec.index, prof)
+            else:
+                prof.__exit__(type(exc), exc, exc.__traceback__)
+
+    def _probe_held(self) -> Held:
+        rec = self._step
+        watch = rec.grad_watch if rec is not None else None
+        counter = self._counter
+        return Held(counter.alive_activation_bytes, counter.alive_copy_bytes, watch.bytes if watch else 0)
+
+    def _start_trace(self, rec: StepRecord) -> None:
+        """The per-op memory trace: the glibc heap (CPU) or the allocator's allocated bytes (CUDA, a
+        host-side counter: no synchronization), read after every op."""
+        read = self._memory.trace_reader() if self._memory is not None else None
+        if read is None or not self._guard.ok(Feature.HEAP_TRACE):
+            return
+        try:
+            with self._guard(Feature.HEAP_TRACE):
+                rec.grad_watch = GradientWatcher(self.model.parameters())
+                self._counter.track_alive = True
+                trace = MemoryTrace(read=read, probe=self._probe_held)
+                trace.__enter__()
+                rec.trace = trace
+                rec.counting = True  # the trace needs this step's saved tensors
+                self._schedule.retrace = False
+                rec.profiled = True
+        finally:
+            if rec.trace is None:
+                self._end_watch(rec)
+
+    def _end_watch(self, rec: StepRecord) -> None:
+        self._counter.track_alive = False
+        watch, rec.grad_watch = rec.grad_watch, None
+        if watch is not None:
+            with self._guard(Feature.HEAP_TRACE):
+                watch.close()
+
+    def _stop_trace(self, rec: StepRecord) -> None:
+        trace, rec.trace = rec.trace, None
+        self._end_watch(rec)
+        memory = self._memory
+        if trace is None or memory is None:
+            return
+        with self._guard(Feature.HEAP_TRACE):
+            trace.__exit__(None, None, None)
+            start = memory.trace_start(rec)
+            if start is not None:
+                parts = step_parts(rec, self._sums)
+                traced = traced_split(rec, trace, start, parts, self._sums.optimizer_states)
+                if traced is not None:
+                    memory.traced = traced
+
+    # -- hooks -------------------------------------------------------------------------------------
+
+    def _on_forward_pre(self, module: torch.nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
+        count = reached = False
+        off = self._guard.off
+        rec = None
+        try:
+            rec = self._step
+            if rec is None:
+                if self._explicit or self._closed or not (torch.is_grad_enabled() and module.training):
+                    return
+                self._begin(auto=True)
+                rec = self._step
+                if rec is None:
+                    return
+            if not torch.is_grad_enabled() or rec.suspended:  # (between step blocks: not the step's)
+                return
+            rec.in_forward += 1
+            if rec.in_forward > 1:
+                return  # re-entrant call of the same model inside its forward
+            if not rec.recall:
+                rec.micro += 1
+            if rec.window or self._counter.active:
+                self._close_window(rec)  # an earlier micro-batch's, left open after its forward
+            x = first_tensor(args, kwargs)
+            shape = tuple(x.shape) if x is not None else None
+            if shape is not None and self._batch_shape is None:
+                self._batch_shape = shape  # once: a shape that varies per step must not resend the hello
+                self._target_shape = target_shape(kwargs)
+                self._hello_changed()
+            if x is not None and x.dim() >= 1 and (rec.samples is None or rec.tokens is None):
+                rec.samples_seen += int(x.shape[0])
+                if x.dim() >= 2 and not x.is_floating_point():
+                    rec.tokens_seen += int(x.numel())
+            if Feature.ACTIVATIONS not in off:
+                sched = self._schedule
+                if not rec.quiet or rec.counting or shape != sched.input_shape:
+                    rec.counting = sched.count_due(rec.index, shape, rec.counting)
+                count = rec.counting or rec.trace is not None
+            if count or rec.heap_on:  # autocast is looked for on the steps that measure (~10 µs cold)
+                ac = active_autocast_dtype(self._device.type if self._device is not None else "cpu")
+                if ac is not None and ac != self._autocast_dtype:
+                    self._autocast_dtype = ac
+                    self._hello_changed()  # the precision is mixed now
+            memory = self._memory
+            if not rec.heap_on and rec.micro == 1 and (count or shape != self._schedule.input_shape):
+                # A new shape (or a count due): read this step's heap after all, from here (nothing
+                # of the step has been allocated yet).
+                rec.heap_on = True
+                if memory is not None:
+                    memory.read_start(rec)
+            if rec.trace is not None or (memory is not None and memory.is_cuda):
+                self._boundary(rec, Phase.FORWARD)
+            if Feature.TIMING not in off:
+                rec.clock.mark(FORWARD_PRE)
+            reached = True
+        except Exception as exc:
+            self._guard.fail(Feature.FORWARD, exc)
+        if count and reached and rec is not None:
+            # (fails where saved-tensor hooks are disabled, e.g. by a compiler or FSDP)
+            with self._guard(Feature.ACTIVATIONS):
+                counter = self._counter
+                counter.reset()
+                counter.set_inputs(input_storage_keys(args, kwargs))
+                rec.window = counter.start(keep_open=True)
+
+    def _on_forward_post(self, module: torch.nn.Module, args: tuple[Any, ...], output: Any) -> None:
+        try:
+            rec = self._step
+            if rec is None or rec.in_forward == 0:
+                return
+            rec.in_forward -= 1
+            if rec.in_forward > 0:
+                return
+            counter = self._counter
+            sums = self._sums
+            if rec.window:  # what the forward saved (the window may stay open for the loss)
+                with self._guard(Feature.ACTIVATIONS):
+                    counter.observe_reentrant_states(output)  # what reentrant checkpoints keep on their nodes
+                acts = counter.activation_bytes
+                copies = counter.weight_copy_bytes
+                with self._guard(Feature.ACTIVATIONS):
+                    self._record_unsharded(rec)
+                    counter.end_forward()
+                if not counter.active:
+                    self._record_count(rec)
+            else:  # not counted this time: the last count stands
+                acts, copies = sums.activations or 0, sums.weight_copies
+            if Feature.TIMING not in self._guard.off:
+                rec.clock.mark(FORWARD_POST)
+            memory = self._memory
+            if memory is None:
+                return
+            if rec.heap_on:  # (only a step that reads the heap reads at a boundary)
+                earlier_grads = max(sums.gradients - rec.grads_begin, 0) if rec.micro > 1 else 0
+                held = Held(acts, copies, rec.grads_begin + earlier_grads, rec.opt_begin)
+                memory.read(rec, Phase.FORWARD, acts + copies + earlier_grads, held)
+            if rec.trace is not None or memory.is_cuda:
+                self._boundary(rec, Phase.BACKWARD)
+        except Exception as exc:
+            self._guard.fail(Feature.FORWARD, exc)
+
+    def forward_begin(self, batch: Any = None) -> None:
+        """A framework's training forward starts — Lightning's ``training_step``, which may call any of
+        the model's submodules (``self.model(...)``) rather than the model's own forward. The model's
+        forward hooks inside it nest and are not counted twice. ``batch``: its first tensor gives the
+        micro-batch's size."""
+        if not self.enabled or self._step is None:
+            return
+        args = (batch,) if isinstance(batch, torch.Tensor) else ()
+        self._on_forward_pre(self.model, args, {})
+
+    def forward_end(self) -> None:
+        """The framework's forward is done (its loss exists; Lightning's ``on_before_backward``)."""
+        rec = self._step
+        if not self.enabled or rec is None or rec.in_forward != 1:
+            return
+        self._on_forward_post(self.model, (), None)
+
+    def backward_begin(self) -> None:
+        """The framework's loss goes to backward (Lightning's ``on_before_backward``): its forward is done,
+        also a later one of the same step that began after an optimizer step (manual optimization)."""
+        rec = self._step
+        later = rec is not None and not rec.in_forward and rec.optimizer_ran and not rec.in_optimizer
+        if self.enabled and later and rec is not None:
+            with self._guard(Feature.TIMING):
+                rec.clock.later_forward()
+        self.forward_end()
+
+    def _record_count(self, rec: StepRecord) -> None:
+        """The micro-batch's window closed: keep the largest micro-batch's counts."""
+        rec.window = False
+        counter, sums = self._counter, self._sums
+        acts = counter.activation_bytes
+        rec.activations = acts if rec.activations is None else max(rec.activations, acts)
+        rec.weight_copies = max(rec.weight_copies, counter.weight_copy_bytes)
+        rec.inputs = max(rec.inputs, counter.input_bytes)
+        sums.activations, sums.weight_copies, sums.inputs = rec.activations, rec.weight_copies, rec.inputs
+        self._schedule.counted_step = rec.index
+        self._schedule.budget.charge(COUNT, counter.spent_s)
+        counter.spent_s = 0.0
+        if counter.weight_copy_dtype is not None and counter.weight_copy_dtype != self._autocast_dtype:
+            self._autocast_dtype = counter.weight_copy_dtype
+            self._hello_changed()
+
+    def _record_unsharded(self, rec: StepRecord) -> None:
+        """FSDP's gathered parameters still held as the forward returns (the root's, or every layer's
+        without reshard_after_forward): what stays allocated into backward. Read here, not when the window
+        closes — that may be after backward, once FSDP has resharded everything."""
+        counter = self._counter
+        if not counter.unsharded_seen:
+            return
+        held = counter.unsharded_held_bytes(self.model.parameters())
+        rec.unsharded = held if rec.unsharded is None else max(rec.unsharded, held)
+        self._sums.unsharded = rec.unsharded
+
+    def _close_window(self, rec: StepRecord) -> None:
+        """Close the counting window at the step's next boundary (a backward's end, the optimizer, the
+        next micro-batch, the step's end): what the loss saved after the model's forward is in it."""
+        counter = self._counter
+        if not rec.window and not counter.active:
+            return
+        with self._guard(Feature.ACTIVATIONS):
+            counter.stop()
+        if rec.window:
+            self._record_count(rec)
+
+    def _on_optimizer_pre(self, optimizer: Any, args: Any, kwargs: Any) -> tuple[Any, Any] | None:
+        """An optimizer step begins. With a closure (LBFGS, Lightning), forward and backward run inside
+        the step: the optimizer phase begins when the closure returns, so the closure is wrapped — the
+        wrapper calls the user's closure once per call, returns what it returns and lets its exceptions
+        through unchanged."""
+        wrapped = None
+        if kwargs or len(args) > 1:  # (a plain ``step()`` gets only the optimizer: nothing to look at)
+            with self._guard(Feature.OPTIMIZER):
+                wrapped = wrap_closure(self, args, kwargs)
+        if wrapped is None:
+            self.optimizer_begin()
+        return wrapped
+
+    def _on_optimizer_post(self, optimizer: Any, args: Any, kwargs: Any) -> None:
+        rec = self._step
+        if rec is None and not self._explicit and not self._closed:
+            self._unseen_updates += 1
+            if self._unseen_updates == UNSEEN_UPDATES_WARNING:
+                log.warning(
+                    "anatomy: %d optimizer updates and no training-mode forward of the tracked %s: nothing "
+                    "is measured. Track the module whose forward the loop calls, mark steps with "
+                    "tracker.step(), or with PyTorch Lightning use anatomy.lightning.AnatomyCallback.",
+                    self._unseen_updates,
+                    type(self.model).__name__,
+                )
+        if rec is not None:
+            rec.updated = True  # the hook fires only when the step ran (not on a skipped fp16 step)
+            rec.recall = False
+        self.optimizer_end()
+
+    def closure_begin(self) -> None:
+        """A closure passed to the optimizer's step starts (its forward). Called again inside the same
+        optimizer step (LBFGS re-evaluates), the optimizer phase pauses for it."""
+        rec = self._step
+        if not self.enabled or rec is None or not rec.in_optimizer:
+            return
+        with self._guard(Feature.OPTIMIZER):
+            rec.in_optimizer = False
+            rec.recall = True
+
+    def closure_end(self) -> None:
+        """The closure returned: this step's gradients are complete, the optimizer's math begins."""
+        self.optimizer_begin()
+
+    def backward_end(self) -> None:
+        """A micro-batch's backward is done (the Trainer's ``on_substep_end``): its gradients exist."""
+        rec = self._step
+        if not self.enabled or rec is None or rec.in_forward or rec.suspended:
+            return
+        if rec.window or self._counter.active:
+            self._close_window(rec)
+        try:
+            if Feature.TIMING not in self._guard.off:
+                rec.clock.mark(BACKWARD_END)
+            memory = self._memory
+            if memory is not None and rec.heap_on:
+                grads = self._sums.gradients
+                held = Held(gradients=max(grads, rec.grads_begin), optimizer_states=rec.opt_begin)
+                memory.read(rec, Phase.BACKWARD, max(grads - rec.grads_begin, 0), held)
+        except Exception as exc:
+            self._guard.fail(Feature.BACKWARD, exc)
+
+    def optimizer_begin(self) -> None:
+        """Gradients are complete: measure them, and start the optimizer phase. Called by the
+        optimizer's step pre-hook; the Trainer callback calls it too (a second call is ignored)."""
+        rec = self._step
+        if not self.enabled or rec is None or rec.in_optimizer or rec.in_forward:
+            return
+        if rec.optimizer_ran:  # a second optimizer (a GAN's), or a closure's re-evaluation done
+            rec.in_optimizer = True
+            if self._guard.ok(Feature.TIMING):
+                rec.clock.mark(OPTIMIZER_PRE)
+            # Under ZeRO this is the Trainer's on_pre_optimizer_step after the engine's update (inside its
+            # backward): DeepSpeed's buffers are empty now and param.grad never set — the gradients measured
+            # as its step began stand (re-summing here left 0 as the figure of later, unmeasured steps).
+            refresh = rec.grads is not None and self._zero_ref is None and self._refreshes(rec)
+            if refresh and self._guard.ok(Feature.GRADIENTS):
+                with self._guard(Feature.GRADIENTS):  # gradients at their largest over the step's updates
+                    # (ZeRO's own buffers too: param.grad alone would make the standing figure 0 there)
+                    rec.grads = self._sums.gradients = max(rec.grads or 0, self._gradient_bytes())
+            return
+        if rec.window or self._counter.active:
+            self._close_window(rec)
+        off = self._guard.off
+        try:
+            rec.optimizer_ran = rec.in_optimizer = True
+            sums = self._sums
+            if rec.grads is None and Feature.GRADIENTS not in off and self._refreshes(rec):
+                with self._guard(Feature.GRADIENTS):
+                    sums.gradients = self._gradient_bytes()
+            rec.grads = sums.gradients
+            memory = self._memory
+            if memory is not None:
+                if rec.heap_on:
+                    held = Held(gradients=rec.grads, optimizer_states=rec.opt_begin)
+                    memory.read(rec, Phase.BACKWARD, max(rec.grads - rec.grads_begin, 0), held)
+                if rec.trace is not None or memory.is_cuda:
+                    self._boundary(rec, Phase.OPTIMIZER)
+            if Feature.TIMING not in off:
+                rec.clock.mark(OPTIMIZER_PRE)
+            if rec.profiler is not None:
+                rec.profiler.set_phase(Phase.OPTIMIZER)
+        except Exception as exc:
+            self._guard.fail(Feature.OPTIMIZER, exc)
+
+    def optimizer_end(self) -> None:
+        """The optimizer step is done: its states exist now. Ends an automatic step."""
+        rec = self._step
+        if not self.enabled or rec is None or not rec.in_optimizer:
+            return
+        rec.in_optimizer = False
+        if rec.opt_after is not None:  # a second optimizer's step: its time, and its states on refresh
+            if self._guard.ok(Feature.TIMING):
+                rec.clock.mark(OPTIMIZER_POST)
+            if self._refreshes(rec) and self._guard.ok(Feature.OPTIMIZER_STATES):
+                with self._guard(Feature.OPTIMIZER_STATES):
+                    rec.opt_after = self._sums.optimizer_states = self._sum_optimizer_states()
+            return
+        off = self._guard.off
+        try:
+            if Feature.TIMING not in off:
+                rec.clock.mark(OPTIMIZER_POST)
+            refresh = rec.refresh or rec.index == self._forced_refresh
+            if refresh and Feature.OPTIMIZER_STATES not in off and self._optimizer is not None:
+                with self._guard(Feature.OPTIMIZER_STATES):
+                    self._sums.optimizer_states = self._sum_optimizer_states()
+            rec.opt_after = self._sums.optimizer_states
+            memory = self._memory
+            if refresh and memory is not None:  # in steady state the heap after the step equals before
+                held = held_after_optimizer(rec, self._sums)
+                memory.read(rec, Phase.OPTIMIZER, explained_after_optimizer(rec), held)
+            if rec.trace is not None or (memory is not None and memory.is_cuda):
+                self._boundary(rec, Phase.OTHER)
+        except Exception as exc:
+            self._guard.fail(Feature.OPTIMIZER, exc)
+        if rec.auto and rec.updated:
+            self.end_step()
+
+    def _boundary(self, rec: StepRecord, next_phase: Phase) -> None:
+        """A phase ends and ``next_phase`` begins: tell the sampled step's trace, and close the
+        allocator's peak window (CUDA)."""
+        if rec.trace is not None:
+            rec.trace.phase = next_phase
+        if self._memory is not None:
+            self._memory.phase_ends(rec, next_phase)

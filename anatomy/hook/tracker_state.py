@@ -1,0 +1,120 @@
+"""The state of one tracker, declared once for the layers its class is built from.
+
+:class:`~anatomy.hook.tracker.Tracker` is one object built in layers, each in its own module and each
+using the ones below it: the set-up and what it detects (:mod:`anatomy.hook.attach`), the phase hooks
+(:mod:`anatomy.hook.phases`), the finished step's snapshot and publishing
+(:mod:`anatomy.hook.snapshots`, which hands the figures to the pure :mod:`anatomy.hook.assembly`), and
+the step's life cycle (:mod:`anatomy.hook.tracker`). The layers share this state directly rather than
+through objects of their own because the hooks run on every training step, where an attribute hop per
+read is what the per-step budget cannot spare. ``Tracker.__init__`` sets every attribute.
+"""
+
+from __future__ import annotations
+
+import weakref
+from collections import deque
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import torch
+
+from anatomy.hook.backend import BackendFactory, MemoryBackend
+from anatomy.hook.changes import ModelWatch, OptimizerWatch
+from anatomy.hook.compiled import CompileProbe
+from anatomy.hook.guard import Guard
+from anatomy.hook.heap import HostHeap
+from anatomy.hook.others import OtherModels
+from anatomy.hook.publishing import Channel
+from anatomy.hook.record import StepRecord, Sums
+from anatomy.hook.saved import SavedTensorCounter
+from anatomy.hook.schedule import Schedule
+from anatomy.hook.throughput import Throughput
+from anatomy.hook.timing import ClockFactory
+from anatomy.protocol import Hello, Snapshot, Suggestion
+from anatomy.vocabulary import Component, OptimizerKind, Precision
+
+
+class TrackerState:
+    """Attribute declarations only: each layer reads and writes these on the one tracker object."""
+
+    enabled: bool
+    model: torch.nn.Module
+    interval_s: float
+    grad_accum_steps: int
+    history: deque[Snapshot]
+    _guard: Guard
+    _schedule: Schedule
+    _throughput: Throughput
+    _channel: Channel
+    _sums: Sums
+    # -- the set-up (anatomy.hook.attach)
+    _precision_override: Precision | None
+    _optimizer_ref: weakref.ref[Any] | None  # weak: a replaced optimizer must die
+    _zero_ref: weakref.ref[Any] | None  # DeepSpeed's ZeRO optimizer around it, if any
+    _zero_grads_begin: int  # its gradient buffers at the last measured step's start (stage 3's stay)
+    _managed: int  # paged optimizer states in CUDA managed memory (anatomy.hook.paged)
+    _extra_optimizers: list[weakref.ref[Any]]  # further optimizers stepped in the same step (a GAN's)
+    _kind_of: tuple[Any, OptimizerKind] | None
+    _hello: Hello | None
+    _hello_stale: bool  # the hello changed since the publisher last got it
+    _opt_handles: list[Any]
+    _handles: list[Any]
+    _started_at: float
+    _expected: tuple[tuple[Precision, OptimizerKind, float, bool], dict[Component, float | None]] | None
+    _autocast_dtype: torch.dtype | None
+    _grad_scaler: bool
+    _device: torch.device | None
+    _cuda_events: bool  # phase times from CUDA events, else the host clock
+    _step_clock: ClockFactory  # a step's clock (StepClock, unless the constructor was given another)
+    _backend_factory: BackendFactory | None  # the memory backend per device, if given (else built in)
+    _heap: HostHeap | None
+    _memory: MemoryBackend | None
+    _param_count: int
+    _param_dtype: torch.dtype
+    _trainable_count: int
+    _quantization: str | None
+    _others: OtherModels
+    _compile_safe: bool  # the hooks are wrapped to run outside compiled frames
+    _compiled: CompileProbe  # has anything been compiled since (asked every step)
+    _counter: SavedTensorCounter
+    _probe_ref: weakref.ref[torch.Tensor] | None  # one parameter, watched every step
+    _probe_ptr: int
+    _probe_data: int | None
+    _model_watch: ModelWatch
+    _optimizer_watch: OptimizerWatch
+    # -- the steps (anatomy.hook.phases, anatomy.hook.tracker)
+    _step: StepRecord | None  # the step in progress
+    _finished: StepRecord | None  # the last finished step (rebuild() and an OOM record start from it)
+    _explicit: bool  # steps are marked (tracker.step / begin_step), not begun by a forward
+    _unseen_updates: int  # optimizer updates with no step around them (a forward never seen)
+    _closed: bool
+    _steps_done: int
+    _forced_refresh: int  # a step whose sums are re-taken whatever the schedule (a change)
+    _quiet_until: int  # steps before this one are ordinary (Schedule.quiet_until)
+    _looked_at: int  # the last step that compared the model's parameters in full
+    _batch_shape: tuple[int, ...] | None  # the first batch tensor's, for `plan --like`
+    _target_shape: tuple[int, ...] | None  # the first batch's labels', likewise
+    # -- snapshots and publishing (anatomy.hook.snapshots)
+    _seq: int
+    _latest: Snapshot | None
+    _unpublished: bool  # the latest snapshot has not gone to the publisher (a failed step)
+    _last_built: float
+    _built_stamp: tuple[Any, ...] | None  # the stamp of the last step built in full
+    _built_errors: int  # the guard's version then
+    _balance_logged: bool  # the named tensors exceeded a peak: said once
+    _suggestions: list[Suggestion]
+    _advised_at: float
+    _oom_recorded: int | None
+    _oom_path: Path | None
+
+    if TYPE_CHECKING:  # what a layer calls of a layer above it (defined there)
+
+        def _on_forward_pre(
+            self, module: torch.nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]
+        ) -> None: ...
+        def _on_forward_post(self, module: torch.nn.Module, args: tuple[Any, ...], output: Any) -> None: ...
+        def _on_optimizer_pre(self, optimizer: Any, args: Any, kwargs: Any) -> tuple[Any, Any] | None: ...
+        def _on_optimizer_post(self, optimizer: Any, args: Any, kwargs: Any) -> None: ...
+        def begin_step(self, samples: int | None = None, tokens: int | None = None) -> None: ...
+        def _begin(self, auto: bool, samples: int | None = None, tokens: int | None = None) -> None: ...
+        def end_step(self, exc: BaseException | None = None) -> None: ...
