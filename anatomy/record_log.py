@@ -41,9 +41,12 @@ def rounded(x: float | None) -> float | None:
 
 
 def rows_line(rows: Sequence[Sequence[Any]]) -> bytes:
-    return (
-        json.dumps({"type": "steps", "rows": rows}, separators=(",", ":"), allow_nan=False).encode() + b"\n"
-    )
+    """A steps line. A value not measured is None, or NaN in a float (the recorder's columns keep it so):
+    either is written ``null`` (NaN and infinities are no JSON)."""
+    text = json.dumps({"type": "steps", "rows": rows}, separators=(",", ":"))
+    if "N" in text or "I" in text:  # (no other character of the line is a capital N or I)
+        text = text.replace("-Infinity", "null").replace("Infinity", "null").replace("NaN", "null")
+    return text.encode() + b"\n"
 
 
 def merge(rows: Sequence[Sequence[Any]]) -> Row:
@@ -83,6 +86,12 @@ class StepColumns:
                 col.extend(array("q", [r[i] for r in rows]))
             else:
                 col.extend(array("d", [nan if r[i] is None else r[i] for r in rows]))
+
+    def extend_columns(self, columns: Sequence[Sequence[Any]]) -> None:
+        """Rows given as their nine columns, each as its own column keeps it (-1 for a missing peak, NaN
+        for a missing time)."""
+        for mine, theirs in zip(self.cols, columns, strict=True):
+            mine.extend(theirs if isinstance(theirs, array) else array(mine.typecode, theirs))
 
     def copy_from(self, other: StepColumns, start: int, stop: int) -> None:
         for mine, theirs in zip(self.cols, other.cols, strict=True):
@@ -129,6 +138,12 @@ class RecordLog:
         """A steps line of ``length`` bytes holding ``rows``."""
         self._entry(STEPS, length, len(self.rows), len(rows))
         self.rows.extend(rows)
+
+    def add_step_columns(self, columns: Sequence[Sequence[Any]], count: int, length: int) -> None:
+        """A steps line of ``length`` bytes holding ``count`` rows given as their columns
+        (:meth:`StepColumns.extend_columns`)."""
+        self._entry(STEPS, length, len(self.rows), count)
+        self.rows.extend_columns(columns)
 
     def _entry(self, kind: int, length: int, ref: int, aux: int) -> None:
         self.kind.append(kind)

@@ -1,8 +1,10 @@
 """The flight recorder: what the hook publishes, kept in one file per run. Stdlib only.
 
 Everything here runs on the publisher's thread (``Publisher`` calls :meth:`Recorder.tick` at its publish
-interval and :meth:`Recorder.close` when it closes): the training thread only appends each finished
-step's snapshot to a bounded deque (O(1)), so recording never blocks or slows a step. Any error (a full
+interval and :meth:`Recorder.close` when it closes): the training thread only writes each finished
+step's numbers into the step feed (:class:`anatomy.step_feed.StepFeed`, O(1), no object per step), which
+the recorder follows and takes in batches — its rows as columns, no snapshot per step — so recording
+never blocks or slows a step. Any error (a full
 or read-only disk, a directory someone else owns) turns recording off with one log line; nothing is
 raised.
 
@@ -28,11 +30,14 @@ import contextlib
 import errno
 import json
 import logging
+import math
 import os
 import re
 import stat
 import time
+from array import array
 from collections.abc import Iterable
+from itertools import repeat
 from pathlib import Path
 from typing import Any
 
@@ -40,6 +45,18 @@ from anatomy import protocol, run_ending
 from anatomy.protocol import Hello, Snapshot
 from anatomy.record_log import EVENT, SNAPSHOT, RecordLog, rounded, rows_line
 from anatomy.rundir import ensure_private_dir
+from anatomy.step_feed import (
+    BACKWARD_S,
+    FORWARD_S,
+    OPTIMIZER_S,
+    PEAK,
+    SAMPLES_PER_S,
+    STEP,
+    STEP_S,
+    TIME,
+    StepFeed,
+    StepRows,
+)
 
 log = logging.getLogger("anatomy")
 
@@ -109,6 +126,35 @@ def step_row(snap: Snapshot) -> list[Any]:
     ]
 
 
+_SIX_DIGITS = "{:.6g}".format  # record_log.rounded, as a C-level map over a column
+
+
+def feed_columns(got: StepRows) -> list[Any]:
+    """The step feed's rows as the record's nine columns — ``step_row``'s values (times to six
+    significant digits, NaN where not measured, -1 for a missing peak, ``n`` 1) — made by C-level maps
+    over each column: no Python call per row on the publisher's thread, which shares the GIL with
+    training."""
+    n = got.count
+    col = got.column
+    peaks = col(PEAK)
+    if any(map(math.isnan, peaks)):  # no memory backend: a missing peak
+        peak_col = array("q", [-1 if p != p else int(p) for p in peaks])
+    else:
+        peak_col = array("q", map(int, peaks))
+    timed = [list(map(float, map(_SIX_DIGITS, col(k)))) for k in (STEP_S, FORWARD_S, BACKWARD_S, OPTIMIZER_S)]
+    return [
+        array("q", map(int, col(STEP))),
+        list(map(round, col(TIME), repeat(3, n))),
+        timed[0],
+        peak_col,
+        timed[1],
+        timed[2],
+        timed[3],
+        list(map(float, map(_SIX_DIGITS, col(SAMPLES_PER_S)))),
+        array("q", repeat(1, n)),
+    ]
+
+
 def _line(obj: dict[str, Any]) -> bytes:
     return json.dumps(obj, separators=(",", ":"), allow_nan=False).encode() + b"\n"
 
@@ -144,6 +190,8 @@ class Recorder:
         self._last_snap: Snapshot | None = None
         self._last_snap_at = -1e18
         self._newest: Snapshot | None = None  # the newest snapshot handed over (an OOM's aside)
+        self._feed: StepFeed | None = None  # followed: every finished step's row is taken from it
+        self._cursor = 0
         self._written: Snapshot | None = None  # the newest snapshot written
         self._ended = False
         self._header: dict[str, Any] = {}
@@ -154,6 +202,12 @@ class Recorder:
     def from_setting(cls, setting: RecordSetting, interval_s: float = 0.5) -> Recorder | None:
         directory = record_dir(setting)
         return None if directory is None else cls(directory, snapshot_interval_s=interval_s)
+
+    def follow(self, feed: StepFeed) -> None:
+        """Take every finished step's row from ``feed`` (at each tick, on the caller's thread), and the
+        newest step's snapshot from it at most once per ``snapshot_interval_s``."""
+        self._feed = feed
+        self._cursor = 0
 
     # -- the publisher thread's calls ------------------------------------------------------------
 
@@ -216,20 +270,24 @@ class Recorder:
                 rows.append(step_row(snap))
         if rows:
             self._append_rows(rows)
+        feed = self._feed
+        if feed is not None:
+            got, self._cursor = feed.rows_since(self._cursor)
+            if got.count:
+                self._append_feed_rows(got)
         now = time.monotonic()
         for snap in snapshots:
             if snap.oom is not None:  # an event: never thinned
                 self._append(EVENT, _wrap("oom", protocol.encode(snap)))
                 self._last_snap = snap
         plain = [s for s in snapshots if s.oom is None]
+        due = final or now - self._last_snap_at >= self.snapshot_interval_s
         if plain:
             self._newest = plain[-1]
+        elif feed is not None and due:
+            self._newest = feed.latest() or self._newest
         latest = self._newest  # (on close: the last step's, even if its tick came too soon to write it)
-        if (
-            latest is not None
-            and latest is not self._written
-            and (final or now - self._last_snap_at >= self.snapshot_interval_s)
-        ):
+        if latest is not None and latest is not self._written and due:
             self._append(SNAPSHOT, _wrap("snapshot", protocol.encode(latest)), latest.step)
             self._last_snap = self._written = latest
             self._last_snap_at = now
@@ -276,6 +334,18 @@ class Recorder:
         data = rows_line(rows)
         _write_all(self._fd, data)
         self._log.add_steps(rows, len(data))
+        self._grown()
+
+    def _append_feed_rows(self, got: StepRows) -> None:
+        if self._fd is None:
+            return
+        columns = feed_columns(got)
+        shown = columns
+        if -1 in columns[3]:  # a missing peak is null in the file
+            shown = [*columns[:3], [None if p == -1 else p for p in columns[3]], *columns[4:]]
+        data = rows_line(list(zip(*shown, strict=True)))
+        _write_all(self._fd, data)
+        self._log.add_step_columns(columns, got.count, len(data))
         self._grown()
 
     def _grown(self) -> None:

@@ -2,9 +2,10 @@
 
 ``tracker`` (the :class:`Tracker` and ``track``: the step's life cycle), built in layers over
 ``tracker_state`` (its state, declared once): ``attach`` (set-up, sums, device, what it detects),
-``phases`` (the phase hooks and the sampled step's instruments) and ``snapshots`` (a finished step's
-snapshot and publishing), with ``assembly`` (pure: a step record to its memory result and snapshot) and
-``step_context`` (``with tracker.step():``, the wrapped closure); ``schedule``
+``sampled`` (the sampled step's instruments), ``phases`` (the phase hooks), ``snapshots`` (a finished
+step's snapshot and publishing) and ``ordinary`` (how a step begins; an ordinary step's O(1) end, a row
+in :mod:`anatomy.step_feed`), with ``assembly`` (pure: a step record to its memory result and snapshot)
+and ``step_context`` (``with tracker.step():``, the wrapped closure); ``schedule``
 (what runs on which step), ``record`` (the typed records passed between the parts) and ``held`` (what the
 named tensors hold at a moment, a leaf both ``record`` and ``trace`` import), ``guard`` (a failed
 feature becomes unmeasured, in one place), ``tensors`` (exact sums of weights, gradients and optimizer

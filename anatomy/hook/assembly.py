@@ -4,7 +4,8 @@ Pure functions: they take what the tracker measured (the step record, the sums, 
 peak split) and what it knows (as :class:`StepFacts` and :class:`SnapshotFacts`) and return new values;
 nothing here reads a clock, a tensor, a backend or the tracker. The tracker decides *when* a step is
 assembled in full; an ordinary step's snapshot is the last one repeated with the new step's number,
-time and timing (:func:`repeat`), where :func:`stamp` says every other figure would come out the same.
+time and timing (made from its row in :mod:`anatomy.step_feed`), where :func:`stamp` says every other
+figure would come out the same.
 """
 
 from __future__ import annotations
@@ -218,13 +219,3 @@ def assemble(
     """A finished step from its values to its snapshot: :func:`memory_result`, then :func:`snapshot`."""
     result = memory_result(rec, parts, sums, split, facts)
     return Assembled(snapshot(result, snapshot_facts, oom), stamp(rec, sums, result.batch), result.excess)
-
-
-def repeat(last: Snapshot, seq: int, time: float, step: int, timing: Timing) -> Snapshot:
-    """An ordinary step's snapshot, O(1): ``last`` with this step's number, time and timing (every other
-    figure is the same: the tracker checked the stamps)."""
-    snap = object.__new__(Snapshot)  # (a frozen dataclass: filled through its __dict__, not field by field)
-    fields = snap.__dict__
-    fields.update(last.__dict__)
-    fields["seq"], fields["time"], fields["step"], fields["timing"] = seq, time, step, timing
-    return snap

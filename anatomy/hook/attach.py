@@ -55,11 +55,13 @@ class Attachment(TrackerState):
         self._probe_data = None
         self._model_watch = ModelWatch(model)
         self._optimizer_watch = OptimizerWatch(
-            self.attach_optimizer, lambda fn: outside_compile(self._guard.wrap(Feature.OPTIMIZER, fn))
+            self.attach_optimizer, lambda exc: self._guard.fail(Feature.OPTIMIZER, exc)
         )
         self._refresh_weights()
         self._sums.gradients = gradient_bytes(model)
         self._register_model_hooks()
+        if self._compile_safe:
+            self._optimizer_watch.keep_out(outside_compile)
         self.attach_optimizer(optimizer)
 
     @property
@@ -122,6 +124,7 @@ class Attachment(TrackerState):
             self._register_model_hooks()
             if self._optimizer is not None:
                 self._register_optimizer_hooks()
+            self._optimizer_watch.keep_out(outside_compile)
 
     def attach_optimizer(self, optimizer: Any) -> None:
         """Track this optimizer's steps (the Trainer creates its optimizer after the model)."""

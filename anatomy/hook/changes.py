@@ -17,6 +17,7 @@ from collections.abc import Callable
 from typing import Any
 
 import torch
+from torch.nn.modules import module as torch_module
 from torch.nn.modules.module import (
     register_module_module_registration_hook,
     register_module_parameter_registration_hook,
@@ -47,15 +48,34 @@ def same_signature(model: torch.nn.Module, signature: Signature) -> bool:
 
 
 class ModelWatch:
+    """Torch's global registration hooks, noting a parameter or module registered on one of the model's
+    modules. The module hook rests while the model's forward runs (``pause``/``resume``, or the tracker's
+    inline copy of them: one dict operation each): Hugging Face models slice their layer list into a new
+    ``ModuleList`` in every forward, one registration per layer — a call of ours per layer per step if it
+    did not. A module assigned on the model inside its forward is then found by the periodic look."""
+
     def __init__(self, model: torch.nn.Module) -> None:
         self._module_ids: frozenset[int] = frozenset()
         self.signature: Signature = ()
         self.suspect = False
-        self._handles = [
-            register_module_parameter_registration_hook(self._registered),
-            register_module_module_registration_hook(self._registered),
-        ]
+        self.closed = False
+        module_handle = register_module_module_registration_hook(self._registered)
+        self._handles = [register_module_parameter_registration_hook(self._registered), module_handle]
+        # Where torch keeps the module registration hooks, our key and hook in it (None: not where this
+        # torch keeps them, and the hook never rests).
+        regs = getattr(torch_module, "_global_module_registration_hooks", None)
+        self.key: int = module_handle.id
+        self.hook: Any = regs.get(self.key) if isinstance(regs, dict) else None
+        self.registrations: dict[int, Any] | None = regs if self.hook is not None else None
         self.remember(model)
+
+    def pause(self) -> None:
+        if self.registrations is not None:
+            self.registrations.pop(self.key, None)
+
+    def resume(self) -> None:
+        if self.registrations is not None and not self.closed:
+            self.registrations[self.key] = self.hook
 
     def _registered(self, module: torch.nn.Module, name: str, value: Any) -> None:
         if id(module) in self._module_ids:
@@ -75,20 +95,29 @@ class ModelWatch:
         return not same_signature(model, self.signature)
 
     def close(self) -> None:
+        self.closed = True
         for h in self._handles:
             h.remove()
         self._handles = []
 
 
 class OptimizerWatch:
-    """Finds an optimizer over the model's parameters that steps but is not the tracked one."""
+    """Finds an optimizer over the model's parameters that steps but is not the tracked one. Its hook is
+    torch's global step pre-hook, called at every optimizer step: one call of ours, guarded in itself
+    (``fail``), wrapped to run outside compiled frames only once anything is compiled (``keep_out``)."""
 
-    def __init__(self, adopt: Callable[[Any], None], wrap: Callable[[Any], Any]) -> None:
+    def __init__(self, adopt: Callable[[Any], None], fail: Callable[[Exception], None]) -> None:
         self.current: weakref.ref[Any] | None = None
         self.extra: weakref.WeakSet[Any] = weakref.WeakSet()  # further tracked optimizers (a GAN's)
         self._param_ids: frozenset[int] = frozenset()
         self._others: weakref.WeakSet[Any] = weakref.WeakSet()  # optimizers over other parameters
         self._adopt = adopt
+        self._fail = fail
+        self._handle = register_optimizer_step_pre_hook(self._stepping)
+
+    def keep_out(self, wrap: Callable[[Any], Any]) -> None:
+        """Register the hook again, wrapped (``outside_compile``)."""
+        self._handle.remove()
         self._handle = register_optimizer_step_pre_hook(wrap(self._stepping))
 
     def set_params(self, model: torch.nn.Module) -> None:
@@ -96,17 +125,20 @@ class OptimizerWatch:
         self._others = weakref.WeakSet()
 
     def _stepping(self, optimizer: Any, args: Any, kwargs: Any) -> None:
-        current = self.current() if self.current is not None else None
-        if optimizer is current or optimizer in self._others:
-            return
-        opt = unwrap_optimizer(optimizer)
-        if opt is current or opt in self.extra:
-            return
-        groups = getattr(opt, "param_groups", ())
-        if any(id(p) in self._param_ids for g in groups for p in g.get("params", ())):
-            self._adopt(opt)
-        else:
-            self._others.add(optimizer)
+        try:
+            current = self.current() if self.current is not None else None
+            if optimizer is current or optimizer in self._others:
+                return
+            opt = unwrap_optimizer(optimizer)
+            if opt is current or opt in self.extra:
+                return
+            groups = getattr(opt, "param_groups", ())
+            if any(id(p) in self._param_ids for g in groups for p in g.get("params", ())):
+                self._adopt(opt)
+            else:
+                self._others.add(optimizer)
+        except Exception as exc:  # never into the optimizer's step
+            self._fail(exc)
 
     def close(self) -> None:
         self._handle.remove()

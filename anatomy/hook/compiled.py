@@ -36,24 +36,27 @@ def outside_compile(fn: F) -> F:
 
 class CompileProbe:
     """``compile_in_use(model)`` for a model known not to be an ``OptimizedModule``, cheap enough to ask at
-    every step boundary: Dynamo's frame counters and the model's ``__dict__`` looked up once."""
+    every step boundary: Dynamo's frame counters and the model's ``__dict__`` looked up once. The
+    tracker's per-step path reads ``counters`` and ``model_dict`` itself (no call): compiled when
+    ``counters["frames"]["ok"]`` or ``model_dict["_compiled_call_impl"]`` is set."""
 
-    __slots__ = ("_counters", "_model_dict")
+    __slots__ = ("counters", "model_dict")
 
     def __init__(self, model: torch.nn.Module) -> None:
-        self._model_dict = model.__dict__  # where ``model.compile()`` puts its ``_compiled_call_impl``
-        self._counters: Any = None
+        self.model_dict = model.__dict__  # where ``model.compile()`` puts its ``_compiled_call_impl``
+        self.counters: Any = None  # Dynamo's counters once it is loaded (cleared by a reset, never replaced)
 
     def __call__(self) -> bool:
-        counters = self._counters
+        counters = self.counters
         if counters is None:
             dynamo = sys.modules.get("torch._dynamo")
             if dynamo is None:
                 return False
-            counters = self._counters = dynamo.utils.counters  # (cleared by a reset, never replaced)
-        if self._model_dict.get("_compiled_call_impl") is not None:
+            counters = self.counters = dynamo.utils.counters
+        if self.model_dict.get("_compiled_call_impl") is not None:
             return True
-        return bool(counters["frames"].get("ok"))
+        frames = counters.get("frames")  # (.get: a missing key is not created)
+        return bool(frames is not None and frames.get("ok"))
 
 
 def compile_in_use(model: torch.nn.Module) -> bool:

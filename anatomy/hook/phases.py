@@ -1,6 +1,6 @@
 """The tracker's phase hooks: what happens at each boundary inside a step — the forward's start and end,
-a backward's end, the optimizer's step (with or without a closure) — and the sampled step's
-instruments, the op-group profiler and the per-op memory trace.
+a backward's end, the optimizer's step (with or without a closure). An ordinary step's path through
+each (``StepRecord.plain``) marks the phase and touches nothing else.
 
 A layer of :class:`~anatomy.hook.tracker.Tracker` (see :mod:`anatomy.hook.tracker_state`). The hooks
 run on every step: each is one guarded section (the guard's contract) and spares every call it can.
@@ -10,34 +10,35 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Mapping
+from time import perf_counter
 from typing import Any
 
 import torch
 
-from anatomy.hook.attach import Attachment
-from anatomy.hook.compiled import compile_in_use, outside_compile
 from anatomy.hook.detect import active_autocast_dtype
-from anatomy.hook.gradients import GradientWatcher
 from anatomy.hook.guard import Feature
 from anatomy.hook.held import Held
 from anatomy.hook.hello import target_shape
-from anatomy.hook.opgroups import OpGroupProfiler
 from anatomy.hook.record import StepRecord
+from anatomy.hook.sampled import SampledSteps
 from anatomy.hook.saved_values import input_storage_keys
 from anatomy.hook.schedule import COUNT
-from anatomy.hook.split import explained_after_optimizer, held_after_optimizer, step_parts, traced_split
+from anatomy.hook.split import explained_after_optimizer, held_after_optimizer
 from anatomy.hook.step_context import wrap_closure
 from anatomy.hook.timing import BACKWARD_END, FORWARD_POST, FORWARD_PRE, OPTIMIZER_POST, OPTIMIZER_PRE
-from anatomy.hook.trace import MemoryTrace
 from anatomy.vocabulary import Phase
 
 log = logging.getLogger("anatomy")
 UNSEEN_UPDATES_WARNING = 3  # updates without any step seen before the tracker says so, once
 
 
+# The batch tensor's usual keyword names, in the order they are looked for.
+BATCH_KEYS = ("input_ids", "inputs_embeds", "pixel_values", "input_values", "input_features", "x", "input")
+
+
 def first_tensor(args: tuple[Any, ...], kwargs: Mapping[str, Any]) -> torch.Tensor | None:
     """The forward's batch tensor: the usual keyword names first, then the first positional tensor."""
-    for key in ("input_ids", "inputs_embeds", "pixel_values", "input_values", "input_features", "x", "input"):
+    for key in BATCH_KEYS:
         value = kwargs.get(key)
         if isinstance(value, torch.Tensor):
             return value
@@ -47,79 +48,8 @@ def first_tensor(args: tuple[Any, ...], kwargs: Mapping[str, Any]) -> torch.Tens
     return None
 
 
-class PhaseHooks(Attachment):
-    """The boundaries inside a step, and the sampled step's instruments."""
-
-    # -- sampled steps -----------------------------------------------------------------------------
-
-    def _start_profiler(self, rec: StepRecord) -> None:
-        with self._guard(Feature.OP_GROUPS):
-            # Normalization modules are watched by module hooks, except where something is compiled:
-            # a graph compiled while they are on would break at every norm for good.
-            modules = () if compile_in_use(self.model) else self.model.modules()
-            prof = OpGroupProfiler(modules, hook=outside_compile)
-            prof.__enter__()
-            rec.profiler = prof
-            rec.profiled = True
-
-    def _stop_profiler(self, rec: StepRecord, exc: BaseException | None) -> None:
-        prof, rec.profiler = rec.profiler, None
-        if prof is None:
-            return
-        with self._guard(Feature.OP_GROUPS):
-            if exc is None:
-                prof.__exit__(None, None, None)
-                self._throughput.profile_finished(rec.index, prof)
-            else:
-                prof.__exit__(type(exc), exc, exc.__traceback__)
-
-    def _probe_held(self) -> Held:
-        rec = self._step
-        watch = rec.grad_watch if rec is not None else None
-        counter = self._counter
-        return Held(counter.alive_activation_bytes, counter.alive_copy_bytes, watch.bytes if watch else 0)
-
-    def _start_trace(self, rec: StepRecord) -> None:
-        """The per-op memory trace: the glibc heap (CPU) or the allocator's allocated bytes (CUDA, a
-        host-side counter: no synchronization), read after every op."""
-        read = self._memory.trace_reader() if self._memory is not None else None
-        if read is None or not self._guard.ok(Feature.HEAP_TRACE):
-            return
-        try:
-            with self._guard(Feature.HEAP_TRACE):
-                rec.grad_watch = GradientWatcher(self.model.parameters())
-                self._counter.track_alive = True
-                trace = MemoryTrace(read=read, probe=self._probe_held)
-                trace.__enter__()
-                rec.trace = trace
-                rec.counting = True  # the trace needs this step's saved tensors
-                self._schedule.retrace = False
-                rec.profiled = True
-        finally:
-            if rec.trace is None:
-                self._end_watch(rec)
-
-    def _end_watch(self, rec: StepRecord) -> None:
-        self._counter.track_alive = False
-        watch, rec.grad_watch = rec.grad_watch, None
-        if watch is not None:
-            with self._guard(Feature.HEAP_TRACE):
-                watch.close()
-
-    def _stop_trace(self, rec: StepRecord) -> None:
-        trace, rec.trace = rec.trace, None
-        self._end_watch(rec)
-        memory = self._memory
-        if trace is None or memory is None:
-            return
-        with self._guard(Feature.HEAP_TRACE):
-            trace.__exit__(None, None, None)
-            start = memory.trace_start(rec)
-            if start is not None:
-                parts = step_parts(rec, self._sums)
-                traced = traced_split(rec, trace, start, parts, self._sums.optimizer_states)
-                if traced is not None:
-                    memory.traced = traced
+class PhaseHooks(SampledSteps):
+    """The boundaries inside a step (the sampled step's instruments below them)."""
 
     # -- hooks -------------------------------------------------------------------------------------
 
@@ -141,41 +71,66 @@ class PhaseHooks(Attachment):
             rec.in_forward += 1
             if rec.in_forward > 1:
                 return  # re-entrant call of the same model inside its forward
+            # Modules registered inside the forward (Hugging Face slices its layer list into a new
+            # ModuleList every forward: one registration per layer) are not the model changing: the watch
+            # for them rests until the forward returns, so it costs nothing per layer.
+            regs = self._model_watch.registrations
+            if regs is not None:
+                regs.pop(self._model_watch.key, None)  # (ModelWatch.pause, written out)
             if not rec.recall:
                 rec.micro += 1
             if rec.window or self._counter.active:
                 self._close_window(rec)  # an earlier micro-batch's, left open after its forward
-            x = first_tensor(args, kwargs)
-            shape = tuple(x.shape) if x is not None else None
+            x = None  # the batch tensor (first_tensor, written out)
+            if kwargs:
+                for key in BATCH_KEYS:
+                    value = kwargs.get(key)
+                    if isinstance(value, torch.Tensor):
+                        x = value
+                        break
+            if x is None:
+                for value in args:
+                    if isinstance(value, torch.Tensor):
+                        x = value
+                        break
+            shape = x.shape if x is not None else None
             if shape is not None and self._batch_shape is None:
-                self._batch_shape = shape  # once: a shape that varies per step must not resend the hello
+                # once: a shape that varies per step must not resend the hello
+                self._batch_shape = tuple(shape)
                 self._target_shape = target_shape(kwargs)
                 self._hello_changed()
-            if x is not None and x.dim() >= 1 and (rec.samples is None or rec.tokens is None):
-                rec.samples_seen += int(x.shape[0])
+            if x is not None and (rec.samples is None or rec.tokens is None) and x.dim() >= 1:
+                rec.samples_seen += int(shape[0])  # type: ignore[index]
                 if x.dim() >= 2 and not x.is_floating_point():
                     rec.tokens_seen += int(x.numel())
+            sched = self._schedule
             if Feature.ACTIVATIONS not in off:
-                sched = self._schedule
                 if not rec.quiet or rec.counting or shape != sched.input_shape:
-                    rec.counting = sched.count_due(rec.index, shape, rec.counting)
+                    seen = None if shape is None else tuple(shape)
+                    rec.counting = sched.count_due(rec.index, seen, rec.counting)
                 count = rec.counting or rec.trace is not None
             if count or rec.heap_on:  # autocast is looked for on the steps that measure (~10 µs cold)
+                rec.plain = False
                 ac = active_autocast_dtype(self._device.type if self._device is not None else "cpu")
                 if ac is not None and ac != self._autocast_dtype:
                     self._autocast_dtype = ac
                     self._hello_changed()  # the precision is mixed now
             memory = self._memory
-            if not rec.heap_on and rec.micro == 1 and (count or shape != self._schedule.input_shape):
+            if not rec.heap_on and rec.micro == 1 and (count or shape != sched.input_shape):
                 # A new shape (or a count due): read this step's heap after all, from here (nothing
                 # of the step has been allocated yet).
                 rec.heap_on = True
+                rec.plain = False
                 if memory is not None:
                     memory.read_start(rec)
             if rec.trace is not None or (memory is not None and memory.is_cuda):
                 self._boundary(rec, Phase.FORWARD)
-            if Feature.TIMING not in off:
-                rec.clock.mark(FORWARD_PRE)
+            clock = rec.clock
+            if clock.cuda:
+                if Feature.TIMING not in off:
+                    clock.mark(FORWARD_PRE)
+            elif Feature.TIMING not in off:
+                clock.marks.append((FORWARD_PRE, perf_counter()))  # (StepClock.mark on the host, written out)
             reached = True
         except Exception as exc:
             self._guard.fail(Feature.FORWARD, exc)
@@ -195,6 +150,9 @@ class PhaseHooks(Attachment):
             rec.in_forward -= 1
             if rec.in_forward > 0:
                 return
+            watch = self._model_watch
+            if watch.registrations is not None and not watch.closed:
+                watch.registrations[watch.key] = watch.hook  # (ModelWatch.resume, written out)
             counter = self._counter
             sums = self._sums
             if rec.window:  # what the forward saved (the window may stay open for the loss)
@@ -209,8 +167,12 @@ class PhaseHooks(Attachment):
                     self._record_count(rec)
             else:  # not counted this time: the last count stands
                 acts, copies = sums.activations or 0, sums.weight_copies
-            if Feature.TIMING not in self._guard.off:
-                rec.clock.mark(FORWARD_POST)
+            clock = rec.clock
+            if clock.cuda:
+                if Feature.TIMING not in self._guard.off:
+                    clock.mark(FORWARD_POST)
+            elif Feature.TIMING not in self._guard.off:
+                clock.marks.append((FORWARD_POST, perf_counter()))  # (StepClock.mark, written out)
             memory = self._memory
             if memory is None:
                 return
@@ -297,9 +259,25 @@ class PhaseHooks(Attachment):
         if kwargs or len(args) > 1:  # (a plain ``step()`` gets only the optimizer: nothing to look at)
             with self._guard(Feature.OPTIMIZER):
                 wrapped = wrap_closure(self, args, kwargs)
-        if wrapped is None:
-            self.optimizer_begin()
-        return wrapped
+            if wrapped is not None:
+                return wrapped
+        try:
+            rec = self._step
+            if rec is None or rec.in_optimizer or rec.in_forward:
+                return None  # (optimizer_begin would do nothing: no step, or already begun by a callback)
+            plain = rec.plain and not rec.optimizer_ran and not rec.window and not self._counter.active
+            if plain and rec.index != self._forced_refresh:
+                # An ordinary step's optimizer phase begins (optimizer_begin's path for it, written out).
+                rec.optimizer_ran = rec.in_optimizer = True
+                rec.grads = self._sums.gradients
+                if Feature.TIMING not in self._guard.off:
+                    rec.clock.marks.append((OPTIMIZER_PRE, perf_counter()))
+                return None
+        except Exception as exc:
+            self._guard.fail(Feature.OPTIMIZER, exc)
+            return None
+        self.optimizer_begin()
+        return None
 
     def _on_optimizer_post(self, optimizer: Any, args: Any, kwargs: Any) -> None:
         rec = self._step
@@ -313,9 +291,21 @@ class PhaseHooks(Attachment):
                     self._unseen_updates,
                     type(self.model).__name__,
                 )
-        if rec is not None:
-            rec.updated = True  # the hook fires only when the step ran (not on a skipped fp16 step)
-            rec.recall = False
+        if rec is None:
+            return
+        rec.updated = True  # the hook fires only when the step ran (not on a skipped fp16 step)
+        rec.recall = False
+        if rec.plain and rec.in_optimizer and rec.opt_after is None:
+            try:  # an ordinary step's optimizer phase ends (optimizer_end's path for it, written out)
+                rec.in_optimizer = False
+                if Feature.TIMING not in self._guard.off:
+                    rec.clock.marks.append((OPTIMIZER_POST, perf_counter()))
+                rec.opt_after = self._sums.optimizer_states
+            except Exception as exc:
+                self._guard.fail(Feature.OPTIMIZER, exc)
+            if rec.auto:
+                self.end_step()
+            return
         self.optimizer_end()
 
     def closure_begin(self) -> None:
@@ -340,8 +330,12 @@ class PhaseHooks(Attachment):
         if rec.window or self._counter.active:
             self._close_window(rec)
         try:
-            if Feature.TIMING not in self._guard.off:
-                rec.clock.mark(BACKWARD_END)
+            clock = rec.clock
+            if clock.cuda:
+                if Feature.TIMING not in self._guard.off:
+                    clock.mark(BACKWARD_END)
+            elif Feature.TIMING not in self._guard.off:
+                clock.marks.append((BACKWARD_END, perf_counter()))  # (StepClock.mark, written out)
             memory = self._memory
             if memory is not None and rec.heap_on:
                 grads = self._sums.gradients
@@ -355,6 +349,13 @@ class PhaseHooks(Attachment):
         optimizer's step pre-hook; the Trainer callback calls it too (a second call is ignored)."""
         rec = self._step
         if not self.enabled or rec is None or rec.in_optimizer or rec.in_forward:
+            return
+        plain = rec.plain and not rec.optimizer_ran and not rec.window and not self._counter.active
+        if plain and rec.index != self._forced_refresh:  # an ordinary step: nothing measured here
+            rec.optimizer_ran = rec.in_optimizer = True
+            rec.grads = self._sums.gradients
+            if Feature.TIMING not in self._guard.off:
+                rec.clock.marks.append((OPTIMIZER_PRE, perf_counter()))
             return
         if rec.optimizer_ran:  # a second optimizer (a GAN's), or a closure's re-evaluation done
             rec.in_optimizer = True

@@ -1,5 +1,7 @@
-"""The tracker's side of publishing: the socket opened on the first snapshot, every finished step handed
-to the publisher (latest-only, O(1)), a changed hello passed on at once, the OOM file.
+"""The tracker's side of publishing: the socket opened on the first snapshot, a changed hello passed on at
+once, the OOM file. Finished steps reach the publisher and the flight recorder through the step feed
+(:class:`anatomy.step_feed.StepFeed`), which they read on their own thread: the training thread hands
+them nothing per step.
 
 The flight recorder rides on the publisher's thread. Where there is no publisher it runs on a thread of
 its own (:mod:`anatomy.hook.record_only`): when the socket cannot be opened (the history is not lost
@@ -16,6 +18,7 @@ from anatomy.hook.record_only import RecordOnly
 from anatomy.protocol import Hello, Snapshot
 from anatomy.protocol.publisher import Publisher
 from anatomy.recorder import Recorder, RecordSetting
+from anatomy.step_feed import StepFeed
 
 
 class Channel:
@@ -27,8 +30,10 @@ class Channel:
         interval_s: float,
         directory: Path | None,
         record: RecordSetting = None,
+        feed: StepFeed | None = None,
     ) -> None:
         self._guard = guard
+        self._feed = feed if feed is not None else StepFeed()
         self._record = record
         self._publish = enabled
         self.enabled = enabled or (record is not None and record is not False)  # anything to do
@@ -51,10 +56,13 @@ class Channel:
         with self._guard(Feature.PUBLISH):
             # The flight recorder rides on the publisher's thread; here it is only configured (no disk).
             recorder = self._recorder = Recorder.from_setting(self._record, self._interval_s)
+            if recorder is not None:
+                recorder.follow(self._feed)
             if not self._publish:
                 self._record_alone(hello, recorder)
                 return None
             pub = Publisher(hello, interval_s=self._interval_s, directory=self._directory, recorder=recorder)
+            pub.follow(self._feed)
             if pub.start() is None:
                 self._guard.turn_off(Feature.PUBLISH, "the socket could not be opened")
                 self._record_alone(hello, recorder)
@@ -66,26 +74,12 @@ class Channel:
         if recorder is not None:
             self._record_only = RecordOnly(hello, recorder, self._interval_s).start()
 
-    def publish(self, snap: Snapshot, hello: Hello) -> None:
-        if not self.enabled:
+    def publish(self, hello: Hello) -> None:
+        """A step was built: start publishing (and recording) with the first one; from then on the
+        publisher's thread takes every step from the feed itself."""
+        if not self.enabled or self._tried or Feature.PUBLISH in self._guard.off:
             return
-        alone = self._record_only
-        if alone is not None:
-            alone.publish(snap)
-            return
-        if Feature.PUBLISH in self._guard.off:
-            return
-        pub = self.publisher  # (every step: the started publisher without a call to look it up)
-        if pub is None:
-            pub = self._ready(hello)
-            if pub is None:
-                if self._record_only is not None:  # (just started: this step is its first)
-                    self._record_only.publish(snap)
-                return
-        try:
-            pub.publish(snap)
-        except Exception as exc:
-            self._guard.fail(Feature.PUBLISH, exc)
+        self._ready(hello)
 
     def set_hello(self, hello: Hello) -> None:
         """The set-up changed: connected monitors get the new hello before the next snapshot."""

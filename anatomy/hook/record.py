@@ -122,6 +122,9 @@ class StepRecord:
     blocks: int = 1  # step blocks (tracker.step / begin_step) merged into this step
     refresh: bool = False  # the schedule's re-sum of this step, decided once as it begins
     quiet: bool = False  # nothing is due on this step by the step count (Schedule.quiet_until)
+    # An ordinary step on the host clock that has done nothing but mark its phases: it ends in O(1) (its
+    # row to the step feed, no snapshot). Any measurement, or anything unusual, clears it for the step.
+    plain: bool = False
 
 
 @dataclass(frozen=True, slots=True)

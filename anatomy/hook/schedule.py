@@ -15,23 +15,24 @@ outside steps (evaluation, checkpointing) does not make the per-interval work mo
 
 All of that optional work also answers to a time budget (:class:`Budget`): the hook measures what each
 kind of work costs it (saved-tensor counting, heap reads, the model-signature walk, re-sums, sampled
-steps) and runs the per-interval kinds only while the total stays within ``BUDGET_FRACTION`` of the
-training thread's wall time since the tracker started. A model whose count costs more is counted less
-often; what must run (the first steps, a shape change, a change the hooks saw) runs regardless and is
-charged too. A figure not re-measured on a step stands with the step it was measured on
-(``at_peak_step``, ``op_groups_step``).
+steps) and runs the periodic kinds only while the total stays within ``BUDGET_FRACTION`` of the
+training thread's wall time since the tracker started; a periodic re-sum or sampled step that does not
+fit waits for the first later step that does. A model whose count costs more is counted less often;
+what must run (the first steps, a shape change, a change the hooks saw) runs regardless and is charged
+too. A figure not re-measured on a step stands with the step it was measured on (``at_peak_step``,
+``op_groups_step``, ``activations_step``).
 """
 
 from __future__ import annotations
 
 import time
-from collections import deque
 from collections.abc import Callable
 
 SAMPLE_EVERY = 100  # the op-group profiler runs on one step in this many (after the second step)
 TRACE_EVERY = 5  # the per-op memory trace runs on one sampled step in this many
 WARMUP_REFRESH_STEPS = 3  # weights/gradients/optimizer states re-summed on every one of the first steps
 BUDGET_FRACTION = 0.01  # of the training thread's wall time, for everything beyond the per-step marks
+RECENT_STEPS = 9  # unprofiled steps whose median duration sets the schedule's pace
 
 # The kinds of optional work the budget knows the cost of.
 COUNT = "count"
@@ -82,32 +83,55 @@ class Schedule:
         self.sample_every = int(sample_every)
         self.budget = budget if budget is not None else Budget()
         self.interval_s = float(interval_s)
-        self._recent_step_s: deque[float] = deque(maxlen=9)  # unprofiled steps' durations
-        self.median_step_s = 0.0
-        self._per_interval = 1
+        # The last unprofiled steps' durations, a ring written in place (``note_step_s``, or the tracker's
+        # inline copy of it on an ordinary step: no object per step); the median is taken when asked.
+        self.recent_step_s: list[float] = [0.0] * RECENT_STEPS
+        self.noted = 0  # durations noted so far (the ring's next slot: ``noted % RECENT_STEPS``)
         self.input_shape: tuple[int, ...] | None = None  # of the last counted forward
         self.counted_step = -1  # the last step whose saved tensors were counted
         self.heap_step: int | None = None  # the last step that read the heap
         self.retrace = False  # the shapes changed since the last trace
         self._sample_owed = False  # a sampled step was due but over budget: the next one that fits runs
+        self._refresh_owed = False  # likewise a periodic re-sum
+        self._refresh_index = -1
+        self._refresh_answer = False
         self._sample_index = -1
         self._sample_answer = False
 
     def refresh_due(self, index: int) -> bool:
-        return index < WARMUP_REFRESH_STEPS or (self.sample_every > 0 and index % self.sample_every == 0)
+        """Re-sum weights, gradients and optimizer states on this step? The first steps always; then one
+        in ``sample_every`` when the budget has room for what the last re-sum cost, else the first later
+        step that has (the sums stand meanwhile)."""
+        if index < WARMUP_REFRESH_STEPS:
+            return True
+        if index == self._refresh_index:  # asked again within the step: the same answer
+            return self._refresh_answer
+        due = self._refresh_owed or (self.sample_every > 0 and index % self.sample_every == 0)
+        if due and not self.budget.allows(REFRESH):
+            self._refresh_owed, due = True, False
+        elif due:
+            self._refresh_owed = False
+        self._refresh_index, self._refresh_answer = index, due
+        return due
 
     def note_step_s(self, step_s: float) -> None:
         """An unprofiled step's duration (the median of the last few sets the pace of the schedule)."""
-        recent = self._recent_step_s
-        recent.append(step_s)
-        ordered = sorted(recent)  # (statistics.median, without its Python-level checks: this runs every step)
-        mid = len(ordered) // 2
-        median = ordered[mid] if len(ordered) % 2 else (ordered[mid - 1] + ordered[mid]) / 2
-        self.median_step_s = median
-        self._per_interval = max(1, int(self.interval_s / median)) if median > 0 else 1
+        self.recent_step_s[self.noted % RECENT_STEPS] = step_s
+        self.noted += 1
+
+    @property
+    def median_step_s(self) -> float:
+        """The median duration of the last unprofiled steps (0 before any)."""
+        n = min(self.noted, RECENT_STEPS)
+        if n == 0:
+            return 0.0
+        ordered = sorted(self.recent_step_s[:n])
+        mid = n // 2
+        return ordered[mid] if n % 2 else (ordered[mid - 1] + ordered[mid]) / 2
 
     def steps_per_interval(self) -> int:
-        return self._per_interval
+        median = self.median_step_s
+        return max(1, int(self.interval_s / median)) if median > 0 else 1
 
     def quiet_until(self, index: int, looked_at: int) -> int:
         """The first step from ``index`` on at which a heap read, a saved-tensor count, a look at the
@@ -116,7 +140,7 @@ class Schedule:
         change the hooks saw are looked for on every step all the same.)"""
         if index < WARMUP_REFRESH_STEPS or self.heap_step is None:
             return index
-        per = self._per_interval
+        per = self.steps_per_interval()
         due = min(
             self._affordable(index, self.heap_step + per, HEAP),
             self._affordable(index, self.counted_step + per, COUNT),
@@ -127,6 +151,8 @@ class Schedule:
             due = min(due, -(-index // every) * every)  # the next re-sum and sampled step
             if self._sample_owed:  # a sampled step waiting for the budget
                 due = min(due, self._affordable(index, index, SAMPLED))
+            if self._refresh_owed:  # a re-sum waiting for the budget
+                due = min(due, self._affordable(index, index, REFRESH))
         return due
 
     def _affordable(self, index: int, due: int, kind: str) -> int:
@@ -145,12 +171,12 @@ class Schedule:
             return True
         if self.sample_due(index) or self.refresh_due(index):
             return True
-        return index - self.heap_step >= self._per_interval and self.budget.allows(HEAP)
+        return index - self.heap_step >= self.steps_per_interval() and self.budget.allows(HEAP)
 
     def look_due(self, index: int, looked_at: int) -> bool:
         """Walk the model's parameters for changes no hook sees (``p.data = ...``, ``requires_grad_``)?
         Once per publish interval at most, and only within the budget."""
-        return index - looked_at >= self._per_interval and self.budget.allows(LOOK)
+        return index - looked_at >= self.steps_per_interval() and self.budget.allows(LOOK)
 
     def sample_due(self, index: int) -> bool:
         """Never the first (warm-up) step; then the second one, so short runs see op groups too; then one
@@ -184,7 +210,7 @@ class Schedule:
         if already or first_steps or shape != self.input_shape:
             due = True
         else:
-            due = index - self.counted_step >= self._per_interval and self.budget.allows(COUNT)
+            due = index - self.counted_step >= self.steps_per_interval() and self.budget.allows(COUNT)
         if due:
             if shape != self.input_shape and not first_steps:
                 self.retrace = True

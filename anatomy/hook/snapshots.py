@@ -1,6 +1,7 @@
-"""The finished step's snapshot: an ordinary step's is the last one repeated in O(1)
-(:meth:`StepSnapshots._repeat`); any other is built in full (:meth:`StepSnapshots._build`): its record,
-the sums, the memory backend's peak and what the tracker knows go once to the pure
+"""The finished step's snapshot: an ordinary step's is the last one repeated — a row in the step feed
+(:meth:`StepSnapshots._repeat`, or on the host clock ``Tracker._end_plain``), made into a snapshot only
+where one is wanted; any other is built in full (:meth:`StepSnapshots._build`): its record, the sums,
+the memory backend's peak and what the tracker knows go once to the pure
 :func:`anatomy.hook.assembly.assemble`. Then the advisor's suggestions, publishing, and the OOM record.
 
 A layer of :class:`~anatomy.hook.tracker.Tracker` (see :mod:`anatomy.hook.tracker_state`).
@@ -9,10 +10,12 @@ A layer of :class:`~anatomy.hook.tracker.Tracker` (see :mod:`anatomy.hook.tracke
 from __future__ import annotations
 
 import logging
+import math
 import os
 import time
 from dataclasses import replace
 from pathlib import Path
+from time import perf_counter
 
 from anatomy import advisor
 from anatomy.hook.assembly import (
@@ -21,7 +24,6 @@ from anatomy.hook.assembly import (
     StepFacts,
     assemble,
     batch_size,
-    repeat,
     snapshot,
     stamp,
     unmeasured,
@@ -37,6 +39,7 @@ from anatomy.protocol.publisher import Publisher
 from anatomy.vocabulary import MemorySource
 
 log = logging.getLogger("anatomy")
+_NAN = math.nan
 
 
 class StepSnapshots(PhaseHooks):
@@ -49,20 +52,28 @@ class StepSnapshots(PhaseHooks):
 
     @property
     def latest(self) -> Snapshot | None:
-        """The snapshot of the last finished step."""
-        return self._latest
+        """The snapshot of the last finished step (an ordinary step's is made from its row when asked)."""
+        snap = self._feed.latest()
+        return snap if snap is not None else self._latest
 
     def rebuild(self) -> Snapshot | None:
         """The last finished step's snapshot built in full now, as a step that measured would be (an
         ordinary step's snapshot is the last one repeated, which this equals); it becomes the latest."""
         rec = self._finished
-        return self._build(rec) if rec is not None else self._latest
+        if rec is None:
+            return self.latest
+        if rec.plain:  # an ordinary step ended in O(1): what its full end would have added, now
+            rec.plain = False
+            if self._memory is not None:
+                self._memory.step_ends(rec, stats_due=False)
+            self._throughput.ready(rec)
+        return self._build(rec, replace=True)
 
     def _repeat(self, rec: StepRecord) -> bool:
-        """An ordinary step's snapshot, O(1): the last one built with this step's number, time and timing.
-        Only where every other figure would come out the same — nothing was measured on this step (no
-        count, no re-sum, no heap read, no trace), the same micro-batches and batch size, no new error,
-        and on CUDA the same peak from the same start. Otherwise (False) the full build."""
+        """An ordinary step's row in the step feed, O(1): the last snapshot built with this step's number,
+        time and timing. Only where every other figure would come out the same — nothing was measured on
+        this step (no count, no re-sum, no heap read, no trace), the same micro-batches and batch size, no
+        new error, and on CUDA the same peak from the same start. Otherwise (False) the full build."""
         last = self._latest
         if last is None or rec.profiled or rec.activations is not None:
             return False
@@ -81,19 +92,20 @@ class StepSnapshots(PhaseHooks):
             throughput = self._throughput
             throughput.update_timing()
             self._seq += 1
-            snap = repeat(last, self._seq, time.time(), rec.index, throughput.timing)
-            self._latest = snap
-            self.history.append(snap)
+            self._feed.put(last, self._seq, time.time(), rec.index, throughput.timing)
             return True
         except Exception as exc:
             self._guard.fail(Feature.SNAPSHOT, exc)
         return False
 
-    def _build(self, rec: StepRecord | None, oom: str | None = None) -> Snapshot | None:
+    def _build(
+        self, rec: StepRecord | None, oom: str | None = None, replace: bool = False
+    ) -> Snapshot | None:
         """The snapshot of the finished step ``rec`` (None: no step finished yet), built in full: its named
         tensors and the memory backend's peak of it, with what the tracker knows, go to
-        :func:`anatomy.hook.assembly.assemble` once. Without ``oom`` it becomes the latest; with it (the
-        error's text) it is the OOM record."""
+        :func:`anatomy.hook.assembly.assemble` once. Without ``oom`` it becomes the latest (``replace``: in
+        place of the last row of the step feed, the same step built again); with it (the error's text) it
+        is the OOM record."""
         snap = None
         built_stamp = None
         with self._guard(Feature.SNAPSHOT):
@@ -105,13 +117,21 @@ class StepSnapshots(PhaseHooks):
                 snap, built_stamp = built.snapshot, built.stamp
             snap = self._advised(snap, oom)
         if snap is None:
-            return self._latest
+            return self.latest
         if oom is None:
             self._latest = snap
-            self._last_built = time.monotonic()
+            self._last_built = perf_counter()
             self._built_errors = self._guard.version
             self._built_stamp = built_stamp
-            self.history.append(snap)
+            # What an ordinary step compares with to be this snapshot repeated (Tracker._end_plain).
+            if rec is not None:
+                samples = rec.samples if rec.samples is not None else self._throughput.default_samples
+                self._base_micro, self._base_grads_begin = rec.micro, rec.grads_begin
+                self._base_samples = samples if samples is not None else (rec.samples_seen or None)
+            else:
+                self._base_micro = -1
+            self._base_peak = _NAN if snap.peak_bytes is None else float(snap.peak_bytes)
+            self._feed.put_built(snap, replace=replace)
         return snap
 
     def _assembled(self, rec: StepRecord, oom: str | None) -> Assembled:
@@ -173,10 +193,9 @@ class StepSnapshots(PhaseHooks):
         )
 
     def _advised(self, snap: Snapshot, oom: str | None) -> Snapshot:
-        """The snapshot with the advisor's suggestions. Every finished step is built and published; the
-        advisor, the costliest part, runs once per publish interval (and for an OOM record) and its
-        suggestions stand in between."""
-        now = time.monotonic()
+        """The snapshot with the advisor's suggestions. The advisor, the costliest part of a build, runs
+        at most once per publish interval (and for an OOM record); its suggestions stand in between."""
+        now = perf_counter()
         if oom is not None or now - self._advised_at >= self.interval_s:
             self._suggestions = self._advise(snap)
             self._advised_at = now
@@ -206,14 +225,12 @@ class StepSnapshots(PhaseHooks):
         return self._throughput
 
     def _publish_latest(self) -> None:
-        snap = self._latest
-        if snap is None:
-            return
-        self._unpublished = False
+        """A step was built in full: the publisher starts with the first one (it follows the step feed
+        from then on), and a changed set-up reaches it before this step."""
         if self._hello_stale:  # the set-up changed: the monitor learns it before this step
             self._hello_stale = False
             self._channel.set_hello(self.hello)
-        self._channel.publish(snap, self.hello)
+        self._channel.publish(self.hello)
 
     def _write_oom(self, exc: BaseException) -> Path | None:
         """The last snapshot, with the error text, to the OOM file. Never raises."""

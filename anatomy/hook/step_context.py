@@ -40,7 +40,7 @@ class StepContext(Generic[Owner]):
 
     def __enter__(self) -> Owner:
         self.entered = True
-        self._owner.begin_step(samples=self.samples, tokens=self.tokens)
+        self._owner.begin_step(self.samples, self.tokens)
         return self._owner
 
     def __exit__(self, exc_type: Any, exc: BaseException | None, tb: Any) -> Literal[False]:

@@ -39,6 +39,17 @@ class Throughput:
     def pending(self) -> int:
         return len(self._pending_clocks)
 
+    @property
+    def idle(self) -> bool:
+        """Nothing waits to be resolved (no device clock, no op-group profile)."""
+        return not self._pending_clocks and self._pending_profile is None
+
+    def ready(self, rec: StepRecord) -> None:
+        """``rec``'s host clock is the newest one (a step that ended without this class: its timing is
+        taken from it at the next build)."""
+        if not rec.clock.cuda and Feature.TIMING not in self._guard.off:
+            self._ready = (rec, rec.clock)
+
     def step_finished(self, rec: StepRecord) -> None:
         if Feature.TIMING in self._guard.off:
             return

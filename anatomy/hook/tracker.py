@@ -6,14 +6,16 @@ boundaries come from ``tracker.step()`` / ``begin_step``/``end_step`` (or the Tr
 loop that uses neither still gets steps: a training-mode forward begins one and the optimizer step
 ends it.
 
-Every step measures cheaply (saved-tensor counting in the forward, an allocator reading at each
-phase boundary, a clock mark); what runs when is :mod:`anatomy.hook.schedule`'s.
+An ordinary step only marks its phases on a clock and leaves one row of numbers in the step feed; what
+else runs when (saved-tensor counting, heap reads, re-sums, sampled steps) is
+:mod:`anatomy.hook.schedule`'s.
 
 This module keeps the step's life cycle — where a step begins, goes on over step blocks, ends or is
 dropped — and ``track()``. The :class:`Tracker` is built in layers below it (declared in
-:mod:`anatomy.hook.tracker_state`): the set-up (:mod:`anatomy.hook.attach`), the phase hooks
-(:mod:`anatomy.hook.phases`) and the finished step's snapshot (:mod:`anatomy.hook.snapshots`, whose
-figures the pure :mod:`anatomy.hook.assembly` computes).
+:mod:`anatomy.hook.tracker_state`): the set-up (:mod:`anatomy.hook.attach`), the sampled step's
+instruments (:mod:`anatomy.hook.sampled`), the phase hooks (:mod:`anatomy.hook.phases`), the finished
+step's snapshot (:mod:`anatomy.hook.snapshots`, whose figures the pure :mod:`anatomy.hook.assembly`
+computes) and a step's beginning with an ordinary step's O(1) end (:mod:`anatomy.hook.ordinary`).
 
 What a snapshot's numbers mean. ``memory`` holds each component at its own maximum in the step:
 weights (parameters + buffers, plus autocast's low-precision weight copies), optimizer states and
@@ -36,11 +38,13 @@ own exceptions propagate.
 from __future__ import annotations
 
 import logging
+import math
 import os
+import sys
 import time
-from collections import deque
 from collections.abc import Mapping
 from pathlib import Path
+from time import perf_counter
 from typing import Any, Literal
 
 import torch
@@ -50,19 +54,35 @@ from anatomy.hook.compiled import CompileProbe
 from anatomy.hook.detect import is_oom
 from anatomy.hook.distributed import communication_bytes, ddp_buckets
 from anatomy.hook.guard import Feature, Guard
+from anatomy.hook.ordinary import OrdinarySteps
 from anatomy.hook.others import OtherModels
 from anatomy.hook.publishing import Channel
 from anatomy.hook.record import StepRecord, Sums
-from anatomy.hook.schedule import HEAP, REFRESH, SAMPLE_EVERY, SAMPLED, WARMUP_REFRESH_STEPS, Schedule
-from anatomy.hook.snapshots import StepSnapshots
+from anatomy.hook.schedule import (
+    HEAP,
+    SAMPLE_EVERY,
+    SAMPLED,
+    WARMUP_REFRESH_STEPS,
+    Schedule,
+)
 from anatomy.hook.split import explained_after_optimizer, held_after_optimizer, step_parts
 from anatomy.hook.step_context import NullContext, StepContext
 from anatomy.hook.throughput import Throughput
-from anatomy.hook.timing import BACKWARD_END, BEGIN, END, ClockFactory, StepClock
+from anatomy.hook.timing import (
+    BACKWARD_END,
+    END,
+    ClockFactory,
+    StepClock,
+)
 from anatomy.recorder import RecordSetting
+from anatomy.step_feed import FeedHistory, StepFeed
 from anatomy.vocabulary import Phase, Precision
 
 HISTORY_LENGTH = 120
+# An ordinary step's snapshot is the last one built in full, repeated; one is built anew at least this many
+# publish intervals apart all the same (the rates and the advice move with the median step time).
+REBUILD_INTERVALS = 10
+_NAN = math.nan
 log = logging.getLogger("anatomy")
 MAX_MERGED_BLOCKS = 4096  # blocks without an optimizer update merged into one step, at most
 _DISCARDED = RuntimeError("trailing micro-batches without an optimizer update")
@@ -77,7 +97,7 @@ def hook_disabled() -> bool:
     return os.environ.get("ANATOMY_TOP", "").strip().lower() in ("0", "false", "no", "off")
 
 
-class Tracker(StepSnapshots):
+class Tracker(OrdinarySteps):
     """Measures each training step of ``model`` (and ``optimizer``) and publishes a snapshot per step.
 
     Use ``with tracker.step(samples=..., tokens=...):`` around each optimizer step (or
@@ -114,12 +134,20 @@ class Tracker(StepSnapshots):
         self.model = model
         self.interval_s = float(interval_s)
         self.grad_accum_steps = max(int(grad_accum_steps or 1), 1)
-        self.history = deque(maxlen=HISTORY_LENGTH)
+        # Every finished step, raw (the training thread writes, the publisher's thread and readers make
+        # snapshots of it); ``history`` shows its last steps.
+        self._feed = StepFeed()
+        self.history = FeedHistory(self._feed, HISTORY_LENGTH)
         self._guard = Guard()
         self._schedule = Schedule(sample_every, self.interval_s)
         self._throughput = Throughput(self._guard, self._schedule, samples, tokens)
         self._channel = Channel(
-            self._guard, enabled=publish, interval_s=self.interval_s, directory=directory, record=record
+            self._guard,
+            enabled=publish,
+            interval_s=self.interval_s,
+            directory=directory,
+            record=record,
+            feed=self._feed,
         )
         self._sums = Sums()
         # the set-up
@@ -152,12 +180,15 @@ class Tracker(StepSnapshots):
         self._quiet_until = self._looked_at = 0
         self._batch_shape = self._target_shape = None
         self._context: StepContext[Tracker] = StepContext(self, None, None)  # what step() returns, reused
+        self._plain_ok = False
+        self._spare = None
         # snapshots and publishing
         self._seq = 0
         self._latest = None
-        self._unpublished = False
         self._last_built = 0.0
+        self._rebuild_after_s = REBUILD_INTERVALS * self.interval_s
         self._built_stamp, self._built_errors = None, 0
+        self._base_micro, self._base_samples, self._base_grads_begin, self._base_peak = -1, None, 0, _NAN
         self._balance_logged = False
         self._suggestions, self._advised_at = [], -1e9
         self._oom_recorded, self._oom_path = None, None
@@ -219,56 +250,16 @@ class Tracker(StepSnapshots):
             return
         if rec is not None:  # suspended, and an optimizer stepped after its block (outside any block)
             self._finish_step(rec, None)
-        if not self._compile_safe and self._compiled():
-            self._keep_out_of_compile()
-        self._begin(auto=False, samples=samples, tokens=tokens)
-
-    def _begin(self, auto: bool, samples: int | None = None, tokens: int | None = None) -> None:
-        # The per-step path: a section per hook (try/except, the guard's contract), no call it can spare.
-        off = self._guard.off
-        try:
-            index = self._steps_done
-            sched = self._schedule
-            # One compare says whether anything can be due by the step count (an ordinary step: none of
-            # the schedule's checks); a change the hooks saw, or a re-sum forced, is not ordinary.
-            quiet = index < self._quiet_until and index != self._forced_refresh
-            quiet = quiet and not self._model_watch.suspect
-            if self._model_changed(index, quiet):  # a new head, an untied embedding, .to(): all sums anew
-                self._forced_refresh = index
-                quiet = False
-            clock = self._step_clock(self._cuda_events and Feature.TIMING not in off)
-            rec = StepRecord(index, auto, samples, tokens, clock)
-            self._step = rec
-            sums = self._sums
-            rec.opt_begin = sums.optimizer_states
-            ref = self._probe_ref
-            probe = ref() if ref is not None else None
-            rec.grads_begin = sums.gradients if probe is not None and probe.grad is not None else 0
-            if self._zero_ref is not None:  # DeepSpeed's buffers, not param.grad: as last measured at a start
-                rec.grads_begin = self._zero_grads_begin
-            rec.quiet = quiet
-            rec.refresh = not quiet and (sched.refresh_due(index) or index == self._forced_refresh)
-            if rec.refresh:
-                began = time.perf_counter()
-                self._refresh_weights()
-                rec.grads_begin = sums.gradients = self._gradient_bytes()
-                self._zero_grads_begin = rec.grads_begin
-                sched.budget.charge(REFRESH, time.perf_counter() - began)
-            rec.heap_on = not quiet and sched.heap_due(index)
-            memory = self._memory
-            if rec.heap_on and memory is not None:  # (a step that does not read the heap reads nothing)
-                memory.read_start(rec)
-            if Feature.TIMING not in off:
-                clock.mark(BEGIN)
-            if not quiet and sched.sample_due(index):
-                rec.began_s = time.perf_counter()
-                if self._guard.ok(Feature.OP_GROUPS):
-                    self._start_profiler(rec)
-                traced = self._memory is not None and self._memory.traced is not None
-                if sched.trace_due(index, traced):
-                    self._start_trace(rec)
-        except Exception as exc:
-            self._guard.fail(Feature.STEP, exc)
+        if not self._compile_safe:  # (CompileProbe's test written out: no call on the per-step path)
+            probe = self._compiled
+            counters = probe.counters
+            if counters is None and "torch._dynamo" in sys.modules:
+                probe()  # learns Dynamo's counters, once
+                counters = probe.counters
+            frames = counters.get("frames") if counters is not None else None
+            if (frames is not None and frames.get("ok")) or probe.model_dict.get("_compiled_call_impl"):
+                self._keep_out_of_compile()
+        self._begin(False, samples, tokens)
 
     def end_step(self, exc: BaseException | None = None) -> None:
         """Close the current step. With ``exc`` (the exception that ended it), an out-of-memory
@@ -281,12 +272,20 @@ class Tracker(StepSnapshots):
         if exc is None and not rec.updated and self._defers(rec):
             self._suspend(rec)
             return
+        if rec.plain and exc is None:
+            try:
+                if self._end_plain(rec):
+                    return
+            except Exception as error:
+                self._guard.fail(Feature.STEP, error)
         self._finish_step(rec, exc)
         if exc is not None and is_oom(exc):
             self._write_oom(exc)
 
     def _finish_step(self, rec: StepRecord, exc: BaseException | None) -> None:
         self._step = None
+        if rec.in_forward:  # a forward that never returned (an exception a framework caught)
+            self._model_watch.resume()
         if rec.window or self._counter.active:
             self._close_window(rec)
         try:
@@ -307,6 +306,7 @@ class Tracker(StepSnapshots):
             rec.suspended = True
             if rec.in_forward:  # a forward left open (a framework's forward mark without a backward)
                 rec.in_forward = 0
+                self._model_watch.resume()
             if self._guard.ok(Feature.TIMING):
                 rec.clock.mark(BACKWARD_END)
 
@@ -334,8 +334,8 @@ class Tracker(StepSnapshots):
             memory.read(
                 rec, Phase.OTHER, explained_after_optimizer(rec), held_after_optimizer(rec, self._sums)
             )
-        due = exc is not None or self._steps_done == 0
-        due = due or time.monotonic() - self._last_built >= self.interval_s
+        since_built = perf_counter() - self._last_built
+        due = exc is not None or self._steps_done == 0 or since_built >= self.interval_s
         if memory is not None:
             heap_step = memory.step_ends(rec, stats_due=due)
             if heap_step is not None:
@@ -365,12 +365,24 @@ class Tracker(StepSnapshots):
         self._finished = rec
         if self._steps_done >= self._quiet_until:  # (the steps per interval: as of this step's time)
             self._quiet_until = self._schedule.quiet_until(self._steps_done, self._looked_at)
-        if due or exc is not None or groups_step != throughput.op_groups_step or not self._repeat(rec):
+        build = exc is not None or self._steps_done == 1 or since_built >= self._rebuild_after_s
+        if build or groups_step != throughput.op_groups_step or not self._repeat(rec):
             self._build(rec)
-        if exc is None:  # every finished step goes to the publisher (latest-only, O(1))
             self._publish_latest()
-        else:
-            self._unpublished = True
+        # The next ordinary step may end in O(1) (Tracker._end_plain) where it is timed on the host and
+        # nothing of an earlier step is still to be resolved.
+        off = self._guard.off
+        self._plain_ok = (
+            self._step_clock is StepClock
+            and not self._cuda_events
+            and (memory is None or not memory.is_cuda)
+            and self._probe_data is not None
+            and self._zero_ref is None
+            and Feature.TIMING not in off
+            and Feature.CHANGES not in off
+            and throughput.idle
+            and self._latest is not None
+        )
 
     def _charge(self, rec: StepRecord, memory: MemoryBackend | None) -> None:
         """What this step's optional work cost, to the schedule's budget."""
@@ -409,8 +421,6 @@ class Tracker(StepSnapshots):
             self._detach()
         with self._guard(Feature.ACTIVATIONS):
             self._counter.stop()  # (a window of a forward outside any step)
-        if self._unpublished:
-            self._publish_latest()
         self._channel.close()
 
     @property

@@ -1,18 +1,19 @@
 """The state of one tracker, declared once for the layers its class is built from.
 
 :class:`~anatomy.hook.tracker.Tracker` is one object built in layers, each in its own module and each
-using the ones below it: the set-up and what it detects (:mod:`anatomy.hook.attach`), the phase hooks
-(:mod:`anatomy.hook.phases`), the finished step's snapshot and publishing
-(:mod:`anatomy.hook.snapshots`, which hands the figures to the pure :mod:`anatomy.hook.assembly`), and
-the step's life cycle (:mod:`anatomy.hook.tracker`). The layers share this state directly rather than
-through objects of their own because the hooks run on every training step, where an attribute hop per
-read is what the per-step budget cannot spare. ``Tracker.__init__`` sets every attribute.
+using the ones below it: the set-up and what it detects (:mod:`anatomy.hook.attach`), the sampled
+step's instruments (:mod:`anatomy.hook.sampled`), the phase hooks (:mod:`anatomy.hook.phases`), the
+finished step's snapshot and publishing (:mod:`anatomy.hook.snapshots`, which hands the figures to the
+pure :mod:`anatomy.hook.assembly`), a step's beginning and an ordinary step's O(1) end
+(:mod:`anatomy.hook.ordinary`), and the step's life cycle (:mod:`anatomy.hook.tracker`). The layers
+share this state directly rather than through objects of their own because the hooks run on every
+training step, where an attribute hop per read is what the per-step budget cannot spare.
+``Tracker.__init__`` sets every attribute.
 """
 
 from __future__ import annotations
 
 import weakref
-from collections import deque
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -31,6 +32,7 @@ from anatomy.hook.schedule import Schedule
 from anatomy.hook.throughput import Throughput
 from anatomy.hook.timing import ClockFactory
 from anatomy.protocol import Hello, Snapshot, Suggestion
+from anatomy.step_feed import FeedHistory, StepFeed
 from anatomy.vocabulary import Component, OptimizerKind, Precision
 
 
@@ -41,7 +43,8 @@ class TrackerState:
     model: torch.nn.Module
     interval_s: float
     grad_accum_steps: int
-    history: deque[Snapshot]
+    history: FeedHistory  # the last steps' snapshots, made from the feed when read
+    _feed: StepFeed  # every finished step's numbers (the training thread writes, other threads read)
     _guard: Guard
     _schedule: Schedule
     _throughput: Throughput
@@ -94,13 +97,20 @@ class TrackerState:
     _looked_at: int  # the last step that compared the model's parameters in full
     _batch_shape: tuple[int, ...] | None  # the first batch tensor's, for `plan --like`
     _target_shape: tuple[int, ...] | None  # the first batch's labels', likewise
+    _plain_ok: bool  # the next ordinary step may begin and end in O(1) (StepRecord.plain)
+    _spare: StepRecord | None  # a record that ended plain, no longer the last finished: reset and reused
     # -- snapshots and publishing (anatomy.hook.snapshots)
     _seq: int
-    _latest: Snapshot | None
-    _unpublished: bool  # the latest snapshot has not gone to the publisher (a failed step)
-    _last_built: float
+    _latest: Snapshot | None  # the last snapshot built in full (an ordinary step's repeats it)
+    _last_built: float  # when (perf_counter)
+    _rebuild_after_s: float  # an ordinary step is built in full all the same once the last build is this old
     _built_stamp: tuple[Any, ...] | None  # the stamp of the last step built in full
     _built_errors: int  # the guard's version then
+    # What an ordinary step must share with the last build to be it repeated (Tracker._end_plain):
+    _base_micro: int  # its micro-batches (-1: no step built)
+    _base_samples: int | None  # its samples (given, or counted)
+    _base_grads_begin: int  # its gradients at the start
+    _base_peak: float  # its peak (NaN: none), for the recorder's rows
     _balance_logged: bool  # the named tensors exceeded a peak: said once
     _suggestions: list[Suggestion]
     _advised_at: float

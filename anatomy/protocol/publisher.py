@@ -1,7 +1,9 @@
 """The hook's publisher: one Unix domain socket per training process, served by a daemon thread.
 
 Stdlib only. The training thread only ever calls ``publish()``, which stores a reference (an atomic
-assignment under the GIL); encoding and all socket I/O happen on the server thread. Each reader gets
+assignment under the GIL) — or nothing at all per step: a publisher that ``follow``s a source (the hook's
+step feed) takes the newest snapshot from it on its own thread, when it sends. Encoding and all socket
+I/O happen on the server thread. Each reader gets
 the hello and the latest snapshot on connect, then at most one snapshot per ``interval_s``, latest
 only. Per reader at most two encoded messages are held: the one being written and the newest one
 waiting behind it, so a stuck reader costs bounded memory and never slows training.
@@ -21,27 +23,16 @@ import threading
 import time
 import weakref
 from collections import deque
-from collections.abc import Iterable
 from pathlib import Path
-from typing import Protocol
 
 from anatomy.protocol import socket_file
 from anatomy.protocol.codec import encode
 from anatomy.protocol.discovery import FileIdentity, discover, runtime_dir
+from anatomy.protocol.hand_off import LatestSource, StepRecorder
 from anatomy.protocol.messages import Busy, Hello, Snapshot
 from anatomy.protocol.oom import write_oom_file
 from anatomy.protocol.reader_queue import ReaderQueue
 from anatomy.rundir import ensure_private_dir
-
-
-class StepRecorder(Protocol):
-    """Where the publisher hands every finished step, from its own thread (the flight recorder,
-    :class:`anatomy.recorder.Recorder`): passed in, so that the wire knows nothing of what records."""
-
-    def tick(self, hello: Hello, snapshots: Iterable[Snapshot]) -> None: ...
-
-    def close(self, hello: Hello, snapshots: Iterable[Snapshot]) -> None: ...
-
 
 log = logging.getLogger("anatomy")
 
@@ -82,6 +73,8 @@ class Publisher:
         self._path: Path | None = None
         self._bound: FileIdentity | None = None  # of the socket we bound
         self._latest: Snapshot | None = None
+        self._source: LatestSource | None = None  # followed: the newest snapshot is taken from it
+        self._pulled = 0  # the source's ``written`` when its newest snapshot was last taken
         self._listener: socket.socket | None = None
         self._wake_r: socket.socket | None = None
         self._wake_w: socket.socket | None = None
@@ -153,6 +146,23 @@ class Publisher:
         _LIVE.add(self)
         atexit.register(self.close)
         return self._path
+
+    def follow(self, source: LatestSource) -> None:
+        """Take the latest snapshot from ``source`` from now on, on the server thread when it is about to
+        be sent (``publish`` still makes one the latest until the source's next step)."""
+        self._source = source
+
+    def _pull(self) -> Snapshot | None:
+        """The latest snapshot: the followed source's newest step, if it has finished one since."""
+        source = self._source
+        if source is not None:
+            written = source.written
+            if written != self._pulled:
+                snap = source.latest()
+                self._pulled = written
+                if snap is not None:
+                    self._latest = snap
+        return self._latest
 
     def publish(self, snapshot: Snapshot) -> None:
         """Make ``snapshot`` the latest; the server thread sends it at its next tick. O(1)."""
@@ -232,7 +242,7 @@ class Publisher:
         assert selector is not None
         while not self._closing:
             now = time.monotonic()
-            latest = self._latest
+            latest = self._pull()
             if latest is not None and latest is not self._sent_obj and self._readers:
                 wait = max(0.0, self._last_send + self.interval_s - now)
             elif self._readers:
@@ -277,7 +287,7 @@ class Publisher:
             self._write(reader)
 
     def _send_latest(self) -> None:
-        latest = self._latest
+        latest = self._pull()
         if latest is None or latest is self._sent_obj:
             return
         data = self._encode(latest)
@@ -351,7 +361,7 @@ class Publisher:
                 continue
             sock.setblocking(False)
             # The newest snapshot at connect time, even if its interval tick has not come yet.
-            latest = self._latest
+            latest = self._pull()
             snap, snap_obj = self._sent_bytes, self._sent_obj
             if latest is not None and latest is not snap_obj:
                 encoded = self._encode(latest)

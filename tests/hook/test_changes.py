@@ -126,3 +126,60 @@ def test_the_tracker_keeps_no_user_object_alive(hk: SimpleNamespace) -> None:
     snap = tracker.latest
     assert snap is not None and snap.memory[Component.OPTIMIZER_STATES.value] == _states(opt)
     tracker.close()
+
+
+class _Sliced(torch.nn.Module):
+    """Slices its layer list into a new ModuleList in every forward, as Hugging Face models do: one module
+    registration per layer per step."""
+
+    def __init__(self, depth: int) -> None:
+        super().__init__()
+        self.layers = torch.nn.ModuleList(torch.nn.Linear(8, 8) for _ in range(depth))
+        self.head = torch.nn.Linear(8, 1)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        for layer in self.layers[: len(self.layers)]:
+            x = torch.relu(layer(x))
+        return self.head(x)
+
+
+def test_modules_registered_inside_the_forward_cost_no_call_per_layer_and_changes_are_still_seen() -> None:
+    """The registration watch rests while the model's forward runs: a model that builds a ModuleList of its
+    layers in every forward costs it no call per layer (none at all in a step, whatever the depth). A head
+    assigned between steps is still measured at the next one."""
+    import sys
+
+    torch.manual_seed(0)
+    model = _Sliced(depth=24)
+    opt = torch.optim.SGD(model.parameters(), lr=1e-3)
+    tracker = anatomy.track(model, opt, publish=False, interval_s=3600.0, sample_every=0)
+    x = torch.randn(4, 8)
+
+    def steps(n: int) -> None:
+        for _ in range(n):
+            with tracker.step():
+                model(x).sum().backward()
+                opt.step()
+                opt.zero_grad()
+
+    steps(8)
+    registered = 0
+
+    def profile(frame: object, event: str, arg: object) -> None:
+        nonlocal registered
+        code = frame.f_code  # type: ignore[attr-defined]
+        if event == "call" and code.co_name == "_registered" and code.co_filename.endswith("changes.py"):
+            registered += 1
+
+    sys.setprofile(profile)
+    try:
+        steps(3)
+    finally:
+        sys.setprofile(None)
+    assert registered == 0
+    model.head = torch.nn.Linear(8, 1, bias=False)  # between steps: seen at the next one
+    steps(1)
+    snap = tracker.latest
+    tracker.close()
+    expected = _storage_sum([*model.parameters()])
+    assert snap is not None and snap.memory[Component.WEIGHTS] == expected

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from anatomy.hook.schedule import TRACE_EVERY, WARMUP_REFRESH_STEPS, Schedule
+from anatomy.hook.schedule import REFRESH, TRACE_EVERY, WARMUP_REFRESH_STEPS, Budget, Schedule
 
 
 def test_refresh_and_sampling_steps() -> None:
@@ -72,3 +72,25 @@ def test_quiet_until_is_the_first_step_anything_can_be_due() -> None:
     assert s.quiet_until(230, looked_at=200) == 300
     s.sample_every = 0
     assert s.quiet_until(230, looked_at=200) == 230 + 1000
+
+
+def test_a_periodic_re_sum_waits_for_the_budget() -> None:
+    """The first steps re-sum whatever they cost; a periodic re-sum that does not fit the budget waits for
+    the first later step that does (the sums stand meanwhile), then one in ``sample_every`` again."""
+    now = [0.0]
+    budget = Budget(0.01, clock=lambda: now[0])
+    s = Schedule(sample_every=10, interval_s=1.0, budget=budget)
+    budget.charge(REFRESH, 1.0)  # the warm-up's re-sums cost a second
+    assert all(s.refresh_due(i) for i in range(WARMUP_REFRESH_STEPS))
+    now[0] = 50.0  # 0.5 s of budget so far: no room for another second
+    assert not s.refresh_due(10) and not s.refresh_due(10)  # (the same answer within the step)
+    assert not s.refresh_due(11)
+    now[0] = 200.0  # 2 s of budget: room
+    assert s.refresh_due(12) and not s.refresh_due(13)  # the owed one, then back to one in ten
+    assert s.refresh_due(20)
+    for _ in range(3):
+        s.note_step_s(0.25)
+    s.heap_step = s.counted_step = 20
+    budget.charge(REFRESH, 10.0)
+    assert not s.refresh_due(30)
+    assert s.quiet_until(31, looked_at=30) > 31  # an owed re-sum waits for the budget, not every step
