@@ -124,12 +124,16 @@ class StepFeed:
 
     def snapshot(self, k: int) -> Snapshot | None:
         """Row ``k``'s snapshot; None once the ring has moved past it (or before it is written)."""
-        if k < 0 or k >= self.written:
+        w = self.written
+        if k < 0 or k >= w:
             return None
         made = self._made
         if made is not None and made[0] == k:
             return made[1]
-        return self._make(k)
+        snap = self._make(k)
+        if snap is not None and k == w - 1:
+            self._made = (k, snap)  # the newest: the one ``latest`` returns
+        return snap
 
     def _make(self, k: int) -> Snapshot | None:
         i = k & MASK

@@ -98,7 +98,12 @@ def memory_result(
         memory[Component.OTHER_MODELS] = sums.other_models
     if split is None:
         return MemoryResult(
-            step=rec.index, memory=memory, micro=rec.micro, batch=batch, activations_step=counted
+            step=rec.index,
+            memory=memory,
+            micro=rec.micro,
+            batch=batch,
+            activations_step=counted,
+            sums_step=sums.step if sums.step >= 0 else None,
         )
     memory[Component.TEMPORARIES] = split.temporaries
     runtime = facts.runtime
@@ -135,6 +140,7 @@ def memory_result(
         at_peak=at_peak if named else None,
         at_peak_step=split.at_peak_step if named else None,
         activations_step=counted,
+        sums_step=sums.step if sums.step >= 0 else None,
         excess=excess,
     )
 
@@ -194,6 +200,7 @@ def snapshot(result: MemoryResult, facts: SnapshotFacts, oom: str | None = None)
         at_peak=result.at_peak,
         at_peak_step=result.at_peak_step,
         activations_step=result.activations_step,
+        sums_step=result.sums_step,
     )
 
 

@@ -287,7 +287,7 @@ class Attachment(TrackerState):
             self._looked_at = index
             began = time.perf_counter()
             changed = watch.changed(self.model, look=True)
-            self._schedule.budget.charge(LOOK, time.perf_counter() - began)
+            self._schedule.charge(LOOK, time.perf_counter() - began, index)
             return changed
         except Exception as exc:
             self._guard.fail(Feature.CHANGES, exc)

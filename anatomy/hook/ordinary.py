@@ -95,7 +95,7 @@ class OrdinarySteps(StepSnapshots):
                 self._refresh_weights()
                 rec.grads_begin = sums.gradients = self._gradient_bytes()
                 self._zero_grads_begin = rec.grads_begin
-                sched.budget.charge(REFRESH, time.perf_counter() - began)
+                sched.charge(REFRESH, time.perf_counter() - began, index)
             rec.heap_on = not quiet and sched.heap_due(index)
             memory = self._memory
             if rec.heap_on and memory is not None:  # (a step that does not read the heap reads nothing)

@@ -222,7 +222,7 @@ class PhaseHooks(SampledSteps):
         rec.inputs = max(rec.inputs, counter.input_bytes)
         sums.activations, sums.weight_copies, sums.inputs = rec.activations, rec.weight_copies, rec.inputs
         self._schedule.counted_step = rec.index
-        self._schedule.budget.charge(COUNT, counter.spent_s)
+        self._schedule.charge(COUNT, counter.spent_s, rec.index)
         counter.spent_s = 0.0
         if counter.weight_copy_dtype is not None and counter.weight_copy_dtype != self._autocast_dtype:
             self._autocast_dtype = counter.weight_copy_dtype

@@ -157,6 +157,7 @@ class MemoryResult:
     at_peak: dict[Component, int | None] | None = None
     at_peak_step: int | None = None
     activations_step: int | None = None  # the step whose saved tensors were counted
+    sums_step: int | None = None  # the step whose re-sum gave weights, gradients, optimizer states
     excess: int = 0  # bytes the named tensors exceeded the peak by (taken off the split's other rows)
 
 
@@ -174,6 +175,7 @@ class Sums:
     unsharded: int | None = None
     buckets: Buckets | None = None  # DDP's, read on refresh steps
     other_models: int = 0  # the other models' weights (a teacher, a reference model), re-summed with ours
+    step: int = -1  # the step of the last re-sum (-1: only at track())
     other_by_name: dict[str, int] = field(default_factory=dict)
 
 

@@ -18,9 +18,11 @@ kind of work costs it (saved-tensor counting, heap reads, the model-signature wa
 steps) and runs the periodic kinds only while the total stays within ``BUDGET_FRACTION`` of the
 training thread's wall time since the tracker started; a periodic re-sum or sampled step that does not
 fit waits for the first later step that does. A model whose count costs more is counted less often;
-what must run (the first steps, a shape change, a change the hooks saw) runs regardless and is charged
-too. A figure not re-measured on a step stands with the step it was measured on (``at_peak_step``,
-``op_groups_step``, ``activations_step``).
+what must run (a shape change, a change the hooks saw) runs regardless and is charged too; the first
+steps' work (``WARMUP_REFRESH_STEPS``: their re-sums, counts and heap reads, step 1's sampled work) is a
+fixed cost per run, not charged — it only teaches the budget what each kind costs. A figure not
+re-measured on a step stands with the step it was measured on (``at_peak_step``, ``op_groups_step``,
+``activations_step``, ``sums_step``).
 """
 
 from __future__ import annotations
@@ -61,6 +63,11 @@ class Budget:
             self.spent_s += seconds
             self.cost[kind] = seconds
 
+    def note(self, kind: str, seconds: float) -> None:
+        """What ``kind`` costs, learnt from work that is not charged (the first steps')."""
+        if seconds > 0:
+            self.cost[kind] = seconds
+
     def allowance_s(self) -> float:
         return self.fraction * (self._clock() - self.started)
 
@@ -97,6 +104,15 @@ class Schedule:
         self._refresh_answer = False
         self._sample_index = -1
         self._sample_answer = False
+
+    def charge(self, kind: str, seconds: float, index: int) -> None:
+        """Step ``index``'s optional work of ``kind`` cost ``seconds``: charged to the budget, except on
+        the first steps (a fixed cost per run, whatever the budget: it only teaches what each kind
+        costs)."""
+        if index < WARMUP_REFRESH_STEPS:
+            self.budget.note(kind, seconds)
+        else:
+            self.budget.charge(kind, seconds)
 
     def refresh_due(self, index: int) -> bool:
         """Re-sum weights, gradients and optimizer states on this step? The first steps always; then one

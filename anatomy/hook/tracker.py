@@ -344,6 +344,8 @@ class Tracker(OrdinarySteps):
                 comm = communication_bytes(self._sums.buckets, rec.grads_begin) or 0
                 # other models built before the first step are named, not runtime
                 memory.measure_runtime(rec, step_parts(rec, self._sums), comm + self._sums.other_models)
+        if rec.refresh or rec.index == self._forced_refresh:
+            self._sums.step = rec.index  # (what it re-summed: the figures' step)
         if (rec.refresh or rec.index == self._forced_refresh) and Feature.GRADIENTS not in off:
             with self._guard(Feature.GRADIENTS):  # DDP's buckets, rebuilt after the first backward
                 self._sums.buckets = ddp_buckets(self.model) or self._zero_buckets()
@@ -386,12 +388,12 @@ class Tracker(OrdinarySteps):
 
     def _charge(self, rec: StepRecord, memory: MemoryBackend | None) -> None:
         """What this step's optional work cost, to the schedule's budget."""
-        budget = self._schedule.budget
+        sched = self._schedule
         if memory is not None and rec.heap_on:
-            budget.charge(HEAP, memory.take_spent())
+            sched.charge(HEAP, memory.take_spent(), rec.index)
         if rec.began_s:  # a sampled step: the profiler and the trace cost what the step took beyond the usual
             took = time.perf_counter() - rec.began_s
-            budget.charge(SAMPLED, max(took - self._schedule.median_step_s, 0.0))
+            sched.charge(SAMPLED, max(took - sched.median_step_s, 0.0), rec.index)
 
     def record_oom(self, exc: BaseException) -> Path | None:
         """For wrappers that catch an exception outside a step (the Trainer callback): if it is an

@@ -355,6 +355,7 @@ def _snapshot_from(d: Mapping[str, Any]) -> Snapshot:
         at_peak_step=_req(d, "at_peak_step", int, nullable=True),
         trainable_parameter_count=_req(d, "trainable_parameter_count", int, nullable=True),
         activations_step=_req(d, "activations_step", int, nullable=True),
+        sums_step=_req(d, "sums_step", int, nullable=True),
     )
 
 

@@ -137,6 +137,8 @@ class Snapshot:
     at_peak_step: int | None = None  # the step whose per-op trace gave the at-peak split
     trainable_parameter_count: int | None = None  # version 3: the divisor of gradients and optimizer states
     activations_step: int | None = None  # optional: the step whose saved tensors gave ``activations``
+    # optional: the step whose re-sum gave weights, gradients and optimizer states (they stand in between)
+    sums_step: int | None = None
     protocol: int = PROTOCOL_VERSION
     type: str = "snapshot"
 

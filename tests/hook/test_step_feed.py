@@ -32,7 +32,9 @@ def _built(step: int, seq: int, peak: int | None = 1000) -> Snapshot:
 
 
 def _timing(step_s: float) -> Timing:
-    return Timing(step_s=step_s, forward_s=step_s / 4, backward_s=None, optimizer_s=step_s / 8, samples_per_s=8 / step_s)
+    return Timing(
+        step_s=step_s, forward_s=step_s / 4, backward_s=None, optimizer_s=step_s / 8, samples_per_s=8 / step_s
+    )
 
 
 def test_a_repeated_row_is_the_built_snapshot_with_its_own_step_time_and_timing() -> None:

@@ -29,18 +29,37 @@ def runtime_dir(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Pat
 
 @pytest.fixture
 def published(monkeypatch: pytest.MonkeyPatch) -> list[protocol.Snapshot]:
-    """Every snapshot the hook hands its publisher, in order (the monitor's reader keeps only the
-    latest of those that arrive between two polls; this sees each one)."""
-    from anatomy.hook.publishing import Channel
+    """Every finished step's snapshot, in order, as the publisher's thread and the recorder would see it
+    (the monitor's reader keeps only the latest of those that arrive between two polls; this sees each
+    one): each row the tracker adds to its step feed, made into its snapshot as it is counted."""
+    from anatomy.hook import tracker as tracker_module
+    from anatomy.step_feed import StepFeed
 
     seen: list[protocol.Snapshot] = []
-    original = Channel.publish
+    slot = StepFeed.written  # the slot's own descriptor, under the property below
 
-    def publish(self: Channel, snap: protocol.Snapshot, hello: protocol.Hello) -> None:
-        seen.append(snap)
-        original(self, snap, hello)
+    class Watched(StepFeed):
+        __slots__ = ()
 
-    monkeypatch.setattr(Channel, "publish", publish)
+        @property  # type: ignore[override]
+        def written(self) -> int:
+            return int(slot.__get__(self))
+
+        @written.setter
+        def written(self, value: int) -> None:
+            try:
+                before = slot.__get__(self)
+            except AttributeError:  # (set for the first time)
+                before = -1
+            slot.__set__(self, value)
+            snap = self.snapshot(value - 1)
+            if snap is not None:
+                if value == before and seen:  # the same step built again in its place
+                    seen[-1] = snap
+                else:
+                    seen.append(snap)
+
+    monkeypatch.setattr(tracker_module, "StepFeed", Watched)
     return seen
 
 

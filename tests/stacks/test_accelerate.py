@@ -5,6 +5,7 @@ the training process's own count; losses with the same loop without the hook."""
 
 from __future__ import annotations
 
+import time
 from types import SimpleNamespace
 from typing import Any
 
@@ -118,9 +119,10 @@ class _LateHead(torch.nn.Module):
         return self.head(h) + self.late(h) if self.use_late else self.head(h)
 
 
-def _long_run(st: SimpleNamespace, hook: bool) -> tuple[list[float], Any, list[tuple[int, int, int]]]:
+def _long_run(st: SimpleNamespace, hook: bool) -> tuple[list[float], Any, list[tuple[int, int, int, Any]]]:
     """LONG_MICRO micro-batches, ``tracker.step()`` around each: (losses, truth, and after every block
-    that published a step, (step, published optimizer states, published gradients))."""
+    that published a step, (step, published optimizer states, published gradients, the step they were
+    re-summed on)))."""
     accelerator = _fresh_accelerator()
     model = _LateHead()
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
@@ -128,7 +130,7 @@ def _long_run(st: SimpleNamespace, hook: bool) -> tuple[list[float], Any, list[t
     truth = st.Truth(model, [optimizer.optimizer])
     tracker = anatomy.track(model, optimizer, sample_every=SAMPLE_EVERY) if hook else None
     losses: list[float] = []
-    seen: list[tuple[int, int, int]] = []
+    seen: list[tuple[int, int, int, Any]] = []
     for i, (x, y) in enumerate(st.batches(LONG_MICRO)):
         model.use_late = i >= LATE_MICRO
         updates = truth.updates
@@ -138,12 +140,16 @@ def _long_run(st: SimpleNamespace, hook: bool) -> tuple[list[float], Any, list[t
             accelerator.backward(loss)
             optimizer.step()
             optimizer.zero_grad()
+            # Steps of a few milliseconds: re-sums answer to the hook's time budget (1% of the training
+            # time), and a tiny model's sub-millisecond steps would leave it no room within this run.
+            time.sleep(0.005)
         losses.append(loss.item())
         if tracker is not None and truth.updates > updates:  # this block's update published a step
             snap = tracker.latest
             assert snap is not None
             mem = snap.memory
-            seen.append((snap.step, mem[Component.OPTIMIZER_STATES.value], mem[Component.GRADIENTS.value]))
+            states, grads = mem[Component.OPTIMIZER_STATES.value], mem[Component.GRADIENTS.value]
+            seen.append((snap.step, states, grads, snap.sums_step))
         else:
             assert tracker is None or tracker.latest is None or tracker.latest.step == truth.updates - 1
     if tracker is not None:
@@ -157,8 +163,10 @@ def test_micro_batch_steps_re_sum_on_update_steps_for_a_long_run(
 ) -> None:
     """The issue's defect: with ``tracker.step()`` around each micro-batch the re-sums fell on micro-batches
     where the optimizer never updates (0 B of optimizer states after 128 micro-batches). Now every step is
-    an update: the first ones re-sum, and so do the schedule's later samples — the late head's moments,
-    created at update 12, appear at the next sampled step (16), an update step like every other."""
+    an update: the first ones re-sum, and so do the schedule's later samples (one in SAMPLE_EVERY where the
+    time budget has room, else the first later step that has) — the late head's moments, created at update
+    12, appear at the first re-sum after it, an update step like every other; each snapshot names the step
+    its sums are from (``sums_step``), and they are that step's exact figures."""
     plain, _, _ = _long_run(st, hook=False)
     del published[:]
     losses, truth, seen = _long_run(st, hook=True)
@@ -167,16 +175,18 @@ def test_micro_batch_steps_re_sum_on_update_steps_for_a_long_run(
     assert truth.updates == updates
     assert [s.step for s in published] == list(range(updates))
     assert all(s.grad_accum_steps == ACCUM for s in published)
-    assert [step for step, _, _ in seen] == list(range(updates))  # each published as its update ran
+    assert [step for step, _, _, _ in seen] == list(range(updates))  # each published as its update ran
 
     first_late = LATE_MICRO // ACCUM
     assert truth.states[first_late] > truth.states[first_late - 1] > 0  # the state really grew there
     assert truth.grads[first_late] > truth.grads[first_late - 1] > 0
-    resums = [k for k in range(updates) if k < WARMUP_REFRESH_STEPS or k % SAMPLE_EVERY == 0]
-    after = next(k for k in resums if k > first_late)
-    for step, states, grads in seen:
-        last = max(k for k in resums if k <= step)  # the figure stands from the last re-sum
-        assert (states, grads) == (truth.states[last], truth.grads[last]), step
+    resums = sorted({resummed for _, _, _, resummed in seen})
+    assert resums[:WARMUP_REFRESH_STEPS] == list(range(WARMUP_REFRESH_STEPS))
+    assert all(k < WARMUP_REFRESH_STEPS or k % SAMPLE_EVERY == 0 or k > first_late for k in resums)
+    after = next(k for k in resums if k > first_late)  # (the run is long enough for one)
+    for step, states, grads, resummed in seen:
+        assert resummed <= step and resummed == max(k for k in resums if k <= step)
+        assert (states, grads) == (truth.states[resummed], truth.grads[resummed]), step
         if not first_late <= step < after:  # nothing changed since that re-sum: today's count
             assert (states, grads) == (truth.states[step], truth.grads[step]), step
     assert seen[after][1] > seen[after - 1][1]  # the sampled re-sum found the grown state
