@@ -47,14 +47,10 @@ from typing import Any
 
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
-from torch.utils.flop_counter import flop_registry, sdpa_backward_flop_count, sdpa_flop_count
 
+from anatomy.hook.op_flops import flops_of
 from anatomy.protocol import OpGroupStat
 from anatomy.vocabulary import OpGroup, Phase
-
-ELEMENTWISE_FLOPS_PER_ELEMENT = 1
-NORMALIZATION_FLOPS_PER_ELEMENT = 5
-FUSED_ADAM_FLOPS_PER_ELEMENT = 12
 
 # ---------------------------------------------------------------------------------------------
 # The one table: base op name (no "aten.", no overload, no trailing "_" of in-place ops, no
@@ -112,13 +108,6 @@ _ELEMENTWISE = frozenset(
 
 _OPTIMIZER_PREFIXES = ("_foreach_", "_fused_adam", "_fused_sgd", "_fused_adagrad")
 
-# Reductions read many elements and write few: count their input, not their output.
-_REDUCTIONS = frozenset(
-    {"sum", "mean", "prod", "amax", "amin", "max", "min", "var", "std", "var_mean", "std_mean", "norm",
-     "linalg_vector_norm", "logsumexp", "argmax", "argmin"}
-)  # fmt: skip
-
-
 _NAMESPACES = frozenset({"torch", "ops", "aten", "prims", "prim", "quantized", "_c10d_functional", "c10d"})
 
 
@@ -172,83 +161,6 @@ def classify(op_name: str) -> OpGroup:
         if len(_CACHE) < 4096:
             _CACHE[op_name] = group
     return group
-
-
-# ---------------------------------------------------------------------------------------------
-# FLOP counting
-
-aten = torch.ops.aten
-
-
-def _shape(x: Any) -> Any:
-    return x.shape if isinstance(x, torch.Tensor) else x
-
-
-def _cpu_flash_flops(query: Any, key: Any, value: Any, *args: Any, **kwargs: Any) -> int:
-    return int(sdpa_flop_count(_shape(query), _shape(key), _shape(value)))
-
-
-def _cpu_flash_backward_flops(grad_out: Any, query: Any, key: Any, value: Any, *a: Any, **k: Any) -> int:
-    return int(sdpa_backward_flop_count(_shape(grad_out), _shape(query), _shape(key), _shape(value)))
-
-
-# Kernels FlopCounterMode does not count (it reports 0 FLOPs for attention on CPU): raw-args formulas.
-_EXTRA_FORMULAS: dict[Any, Callable[..., int]] = {}
-for _packet_name, _formula in (
-    ("_scaled_dot_product_flash_attention_for_cpu", _cpu_flash_flops),
-    ("_scaled_dot_product_flash_attention_for_cpu_backward", _cpu_flash_backward_flops),
-):
-    if hasattr(aten, _packet_name):
-        _EXTRA_FORMULAS[getattr(aten, _packet_name)] = _formula
-
-
-def _tensors(value: Any) -> Iterable[torch.Tensor]:
-    if isinstance(value, torch.Tensor):
-        yield value
-    elif isinstance(value, (list, tuple)):
-        for v in value:
-            if isinstance(v, torch.Tensor):
-                yield v
-
-
-def _max_numel(value: Any) -> int:
-    return max((t.numel() for t in _tensors(value)), default=0)
-
-
-def _sum_numel(value: Any) -> int:
-    return sum(t.numel() for t in _tensors(value))
-
-
-def _estimated_flops(group: OpGroup, name: str, args: tuple[Any, ...], out: Any) -> float:
-    if group is OpGroup.OTHER:
-        return 0.0
-    if group is OpGroup.NORMALIZATION:
-        return float(NORMALIZATION_FLOPS_PER_ELEMENT * _max_numel(out))
-    if name.startswith(("_fused_adam", "_fused_sgd", "_fused_adagrad")):
-        return float(FUSED_ADAM_FLOPS_PER_ELEMENT * (_sum_numel(args[0]) if args else 0))
-    if name.startswith("_foreach_"):
-        # In-place foreach ops return None: count the elements of the list they update.
-        n = _sum_numel(out) if out is not None else 0
-        return float(ELEMENTWISE_FLOPS_PER_ELEMENT * (n or (_sum_numel(args[0]) if args else 0)))
-    if name in _REDUCTIONS:
-        return float(ELEMENTWISE_FLOPS_PER_ELEMENT * (_max_numel(args[0]) if args else 0))
-    return float(ELEMENTWISE_FLOPS_PER_ELEMENT * _max_numel(out))
-
-
-def _flops(
-    func: Any, group: OpGroup, name: str, args: tuple[Any, ...], kwargs: dict[str, Any], out: Any
-) -> float:
-    packet = func.overloadpacket
-    formula = flop_registry.get(packet)
-    if formula is not None:
-        # flop_registry formulas take the raw args plus out_val (they map tensors to shapes).
-        return float(formula(*args, **kwargs, out_val=out))
-    extra = _EXTRA_FORMULAS.get(packet)
-    if extra is not None:
-        return float(extra(*args, **kwargs))
-    if group is OpGroup.CONTRACTION:
-        return 0.0  # an unknown contraction kernel: better no number than a wrong one
-    return _estimated_flops(group, name, args, out)
 
 
 _SEQUENCE_NR: Callable[[], int] | None = getattr(torch._C._autograd, "_get_sequence_nr", None)
@@ -355,10 +267,18 @@ class OpGroupProfiler(TorchDispatchMode):
         try:
             super().__exit__(*exc)
         finally:
-            for handle in self._hook_handles:
-                handle.remove()
-            self._hook_handles = []
-            self._exited = True
+            self.end()
+
+    def begin(self) -> None:
+        """The norm watch on, not the mode (a piece of a step pushes it: :mod:`anatomy.hook.pieces`)."""
+        self._install_norm_hooks()
+
+    def end(self) -> None:
+        """Done (after ``begin``, or as ``__exit__`` ends): the watch off, the results readable."""
+        for handle in self._hook_handles:
+            handle.remove()
+        self._hook_handles = []
+        self._exited = True
 
     def _install_norm_hooks(self) -> None:
         if _SEQUENCE_NR is None or not self._norm_modules:
@@ -475,7 +395,7 @@ class OpGroupProfiler(TorchDispatchMode):
             out = func(*args, **kwargs)
             elapsed = time.perf_counter() - t0
         try:
-            flops = _flops(func, group, name, args, kwargs, out)
+            flops = flops_of(func, group, name, args, kwargs, out)
         except Exception:
             flops = 0.0
             self.errors += 1

@@ -20,6 +20,7 @@ from time import perf_counter
 
 from anatomy.hook.guard import Feature
 from anatomy.hook.record import StepRecord
+from anatomy.hook.sampled import TRACE
 from anatomy.hook.schedule import RECENT_STEPS, REFRESH
 from anatomy.hook.snapshots import StepSnapshots
 from anatomy.hook.timing import (
@@ -96,19 +97,15 @@ class OrdinarySteps(StepSnapshots):
                 rec.grads_begin = sums.gradients = self._gradient_bytes()
                 self._zero_grads_begin = rec.grads_begin
                 sched.charge(REFRESH, time.perf_counter() - began, index)
-            rec.heap_on = not quiet and sched.heap_due(index)
+            kind = self._sampled_kind(index, quiet)  # (a trace reads the heap from the step's start)
+            rec.heap_on = not quiet and (sched.heap_due(index) or kind == TRACE)
             memory = self._memory
             if rec.heap_on and memory is not None:  # (a step that does not read the heap reads nothing)
                 memory.read_start(rec)
             if Feature.TIMING not in off:
                 clock.mark(BEGIN)
-            if not quiet and sched.sample_due(index):
-                rec.began_s = time.perf_counter()
-                if self._guard.ok(Feature.OP_GROUPS):
-                    self._start_profiler(rec)
-                traced = self._memory is not None and self._memory.traced is not None
-                if sched.trace_due(index, traced):
-                    self._start_trace(rec)
+            if kind is not None:
+                self._start_sampled(rec, kind)
         except Exception as exc:
             self._guard.fail(Feature.STEP, exc)
 

@@ -141,6 +141,9 @@ class PhaseHooks(SampledSteps):
                 counter.reset()
                 counter.set_inputs(input_storage_keys(args, kwargs))
                 rec.window = counter.start(keep_open=True)
+        if reached and rec is not None and rec.piece is not None:  # a sampled step's piece may begin here
+            with self._guard(Feature.OP_GROUPS if rec.profiler is not None else Feature.HEAP_TRACE):
+                rec.piece.model_begins()
 
     def _on_forward_post(self, module: torch.nn.Module, args: tuple[Any, ...], output: Any) -> None:
         try:
@@ -150,6 +153,8 @@ class PhaseHooks(SampledSteps):
             rec.in_forward -= 1
             if rec.in_forward > 0:
                 return
+            if rec.piece is not None:  # a sampled step's piece may end here (its backward hooked)
+                rec.piece.model_ends(output)
             watch = self._model_watch
             if watch.registrations is not None and not watch.closed:
                 watch.registrations[watch.key] = watch.hook  # (ModelWatch.resume, written out)
@@ -391,6 +396,8 @@ class PhaseHooks(SampledSteps):
                 rec.clock.mark(OPTIMIZER_PRE)
             if rec.profiler is not None:
                 rec.profiler.set_phase(Phase.OPTIMIZER)
+            if rec.piece is not None:
+                rec.piece.optimizer_begins()
         except Exception as exc:
             self._guard.fail(Feature.OPTIMIZER, exc)
 
@@ -400,6 +407,8 @@ class PhaseHooks(SampledSteps):
         if not self.enabled or rec is None or not rec.in_optimizer:
             return
         rec.in_optimizer = False
+        if rec.piece is not None:
+            rec.piece.optimizer_ends()
         if rec.opt_after is not None:  # a second optimizer's step: its time, and its states on refresh
             if self._guard.ok(Feature.TIMING):
                 rec.clock.mark(OPTIMIZER_POST)

@@ -16,6 +16,7 @@ if TYPE_CHECKING:
     from anatomy.hook.distributed import Buckets
     from anatomy.hook.gradients import GradientWatcher
     from anatomy.hook.opgroups import OpGroupProfiler
+    from anatomy.hook.pieces import Piece
     from anatomy.hook.timing import StepClock
     from anatomy.hook.trace import MemoryTrace
 
@@ -109,6 +110,7 @@ class StepRecord:
     profiler: OpGroupProfiler | None = None
     trace: MemoryTrace | None = None
     grad_watch: GradientWatcher | None = None
+    piece: Piece | None = None  # the instrument runs over this piece of the step (None: the whole step)
     profiled: bool = False
     began_s: float = 0.0  # a sampled step's start (perf_counter), for the budget
     # hook state

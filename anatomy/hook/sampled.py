@@ -1,5 +1,10 @@
-"""The sampled step's instruments: the op-group profiler and the per-op memory trace, started as a sampled
-step begins and stopped as it ends.
+"""The sampled step's instruments: the op-group profiler and the per-op memory trace.
+
+A sampled episode (step 1, then one in ``sample_every`` as the budget allows) runs the profiler, then —
+when a trace is due — the trace, never both on one step. A model with a stack of repeated blocks is
+instrumented in pieces over consecutive steps (:mod:`anatomy.hook.pieces`), each sized to add about a
+third of a step; a smaller one whole, on one step each. Op groups and the traced peak stand for the whole step
+once their last piece has run.
 
 A layer of :class:`~anatomy.hook.tracker.Tracker` (see :mod:`anatomy.hook.tracker_state`), under the phase
 hooks (:mod:`anatomy.hook.phases`), which tell the running instruments each phase boundary.
@@ -7,19 +12,94 @@ hooks (:mod:`anatomy.hook.phases`), which tell the running instruments each phas
 
 from __future__ import annotations
 
+import time
+from dataclasses import replace
+
+from torch.utils._python_dispatch import TorchDispatchMode
+
 from anatomy.hook.attach import Attachment
 from anatomy.hook.compiled import compile_in_use, outside_compile
 from anatomy.hook.gradients import GradientWatcher
 from anatomy.hook.guard import Feature
 from anatomy.hook.held import Held
 from anatomy.hook.opgroups import OpGroupProfiler
+from anatomy.hook.pieces import Piece, PiecePlan, repeated_blocks
 from anatomy.hook.record import StepRecord
 from anatomy.hook.split import step_parts, traced_split
 from anatomy.hook.trace import MemoryTrace
 
+PROFILE = "profile"
+TRACE = "trace"
+FIRST_PIECE_SHARE = 16  # the first piece of a stack: 1/16 of its blocks (then sized by what it cost)
+
 
 class SampledSteps(Attachment):
-    """A sampled step's op-group profiler and per-op memory trace."""
+    """A sampled step's op-group profiler and per-op memory trace, whole or in pieces."""
+
+    def _sampled_kind(self, index: int, quiet: bool) -> str | None:
+        """The instrument this step runs: the next piece of the episode in progress, or the first of a new
+        one where a sampled step is due."""
+        if self._episode:
+            return self._episode[0]
+        sched = self._schedule
+        if quiet or not sched.sample_due(index):
+            return None
+        kinds = []
+        if self._guard.ok(Feature.OP_GROUPS):
+            kinds.append(PROFILE)
+        memory = self._memory
+        if sched.trace_due(index, memory is not None and memory.traced is not None):
+            kinds.append(TRACE)
+        self._episode = kinds
+        self._blocks = repeated_blocks(self.model) if not compile_in_use(self.model) else []
+        return kinds[0] if kinds else None
+
+    def _start_sampled(self, rec: StepRecord, kind: str) -> None:
+        rec.began_s = time.perf_counter()
+        if kind == PROFILE:
+            self._start_profiler(rec)
+        else:
+            self._start_trace(rec)
+        if rec.profiler is None and rec.trace is None:  # (failed to start: the episode moves on)
+            self._episode = self._episode[1:]
+            self._plan = None
+
+    def _piece(self, mode: TorchDispatchMode, kind: str) -> Piece | None:
+        """The next piece of a stack of blocks for ``mode`` (None: the step is instrumented whole)."""
+        blocks = self._blocks
+        if not blocks:
+            return None
+        plan = self._plan
+        if plan is None or plan.done:
+            per = self._per_piece.get(kind) or max(1, len(blocks) // FIRST_PIECE_SHARE)
+            plan = self._plan = PiecePlan(blocks, per)
+        first, stop, optimizer = plan.next()
+        piece = Piece(mode, blocks, first, stop, optimizer=optimizer, wrap=outside_compile)
+        piece.open()
+        return piece
+
+    def _piece_done(self, rec: StepRecord, kind: str) -> bool:
+        """The step's piece ran: the plan moves on (the next piece sized by what this one cost). Whether
+        the instrument's round is complete (the whole step covered)."""
+        piece, rec.piece = rec.piece, None
+        if piece is None:
+            self._episode = self._episode[1:]
+            return True
+        piece.close()
+        plan = self._plan
+        if plan is None:
+            return True
+        median = self._schedule.median_step_s
+        share = None
+        if median > 0 and rec.began_s:
+            share = max(time.perf_counter() - rec.began_s - median, 0.0) / median
+        plan.finished(piece.first, piece.stop, piece.optimizer, share)
+        if not piece.optimizer:
+            self._per_piece[kind] = plan.per_piece
+        if plan.done:
+            self._episode = self._episode[1:]
+            self._plan = None
+        return plan.done
 
     def _start_profiler(self, rec: StepRecord) -> None:
         with self._guard(Feature.OP_GROUPS):
@@ -27,7 +107,12 @@ class SampledSteps(Attachment):
             # a graph compiled while they are on would break at every norm for good.
             modules = () if compile_in_use(self.model) else self.model.modules()
             prof = OpGroupProfiler(modules, hook=outside_compile)
-            prof.__enter__()
+            piece = self._piece(prof, PROFILE)
+            if piece is None:
+                prof.__enter__()
+            else:
+                prof.begin()  # (the mode itself: only while the piece's ops run)
+                rec.piece = piece
             rec.profiler = prof
             rec.profiled = True
 
@@ -36,11 +121,16 @@ class SampledSteps(Attachment):
         if prof is None:
             return
         with self._guard(Feature.OP_GROUPS):
-            if exc is None:
+            whole = rec.piece is None
+            complete = self._piece_done(rec, PROFILE)
+            if not whole:
+                prof.end()
+            elif exc is None:
                 prof.__exit__(None, None, None)
-                self._throughput.profile_finished(rec.index, prof)
             else:
                 prof.__exit__(type(exc), exc, exc.__traceback__)
+            if exc is None:
+                self._throughput.profile_finished(rec.index, prof, complete)
 
     def _probe_held(self) -> Held:
         rec = self._step
@@ -59,10 +149,13 @@ class SampledSteps(Attachment):
                 rec.grad_watch = GradientWatcher(self.model.parameters())
                 self._counter.track_alive = True
                 trace = MemoryTrace(read=read, probe=self._probe_held)
-                trace.__enter__()
+                piece = self._piece(trace, TRACE)
+                if piece is None:
+                    trace.__enter__()
+                else:
+                    rec.piece = piece
                 rec.trace = trace
                 rec.counting = True  # the trace needs this step's saved tensors
-                self._schedule.retrace = False
                 rec.profiled = True
         finally:
             if rec.trace is None:
@@ -79,13 +172,26 @@ class SampledSteps(Attachment):
         trace, rec.trace = rec.trace, None
         self._end_watch(rec)
         memory = self._memory
-        if trace is None or memory is None:
+        if trace is None:
             return
         with self._guard(Feature.HEAP_TRACE):
-            trace.__exit__(None, None, None)
-            start = memory.trace_start(rec)
-            if start is not None:
-                parts = step_parts(rec, self._sums)
-                traced = traced_split(rec, trace, start, parts, self._sums.optimizer_states)
-                if traced is not None:
-                    memory.traced = traced
+            whole = rec.piece is None
+            complete = self._piece_done(rec, TRACE)
+            if whole:
+                trace.__exit__(None, None, None)
+            start = memory.trace_start(rec) if memory is not None else None
+            if memory is None or start is None:
+                return
+            traced = traced_split(rec, trace, start, step_parts(rec, self._sums), self._sums.optimizer_states)
+            best = self._traced_best
+            if traced is not None:
+                if best is not None and best.growth >= traced.growth:
+                    traced = replace(best, temporaries=max(best.temporaries, traced.temporaries))
+                elif best is not None:
+                    traced = replace(traced, temporaries=max(best.temporaries, traced.temporaries))
+                best = self._traced_best = traced
+            if complete:  # every piece traced: the highest of them stands for the step
+                self._traced_best = None
+                if best is not None:
+                    memory.traced = best
+                    self._schedule.retrace = False

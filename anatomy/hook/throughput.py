@@ -28,7 +28,11 @@ class Throughput:
         self.default_tokens = tokens
         self._pending_clocks: deque[tuple[StepRecord, StepClock]] = deque()
         self._ready: tuple[StepRecord, StepClock] | None = None  # the newest resolved clock
-        self._pending_profile: tuple[int, OpGroupProfiler] | None = None
+        # Profiles (a whole step's, or a piece's) waiting to be read, in order, each with whether it
+        # completes its round; a round's pieces add up to one step's op groups.
+        self._pending_profiles: deque[tuple[int, OpGroupProfiler, bool]] = deque()
+        self._round: dict[OpGroup, OpGroupStat] = {}
+        self._round_flops = 0.0
         self.timing = Timing()
         self.timing_step: int | None = None
         self.op_groups: dict[OpGroup, OpGroupStat] | None = None
@@ -42,7 +46,7 @@ class Throughput:
     @property
     def idle(self) -> bool:
         """Nothing waits to be resolved (no device clock, no op-group profile)."""
-        return not self._pending_clocks and self._pending_profile is None
+        return not self._pending_clocks and not self._pending_profiles
 
     def ready(self, rec: StepRecord) -> None:
         """``rec``'s host clock is the newest one (a step that ended without this class: its timing is
@@ -65,8 +69,10 @@ class Throughput:
         if not rec.profiled and rec.index > 0 and step_s > 0:
             self._schedule.note_step_s(step_s)
 
-    def profile_finished(self, index: int, profiler: OpGroupProfiler) -> None:
-        self._pending_profile = (index, profiler)
+    def profile_finished(self, index: int, profiler: OpGroupProfiler, complete: bool = True) -> None:
+        """Step ``index``'s profile (the whole step's, or a piece's: ``complete`` when it is the last of
+        its round), read once it can be."""
+        self._pending_profiles.append((index, profiler, complete))
 
     def resolve(self) -> None:
         """Turn every clock and profile that completed into numbers (never waits)."""
@@ -78,21 +84,31 @@ class Throughput:
                 self._guard.fail(Feature.TIMING, exc)
             if Feature.TIMING in self._guard.off:
                 clocks.clear()  # a device error: no clock of this run is to be trusted
-        pending = self._pending_profile
-        if pending is None:
-            return
-        index, prof = pending
-        result = None
-        with self._guard(Feature.OP_GROUPS):
-            result = prof.result()
-        if not self._guard.ok(Feature.OP_GROUPS):
-            self._pending_profile = None
-            return
-        if result is not None:
-            self._pending_profile = None
-            self.op_groups = dict(result)
-            self.op_groups_step = index
-            self.step_flops = float(prof.total_flops) if prof.total_flops else None
+        profiles = self._pending_profiles
+        while profiles:
+            index, prof, complete = profiles[0]
+            result = None
+            with self._guard(Feature.OP_GROUPS):
+                result = prof.result()
+            if not self._guard.ok(Feature.OP_GROUPS):
+                profiles.clear()
+                return
+            if result is None:
+                return  # (device times not readable yet)
+            profiles.popleft()
+            total = self._round
+            for group, stat in result.items():
+                was = total.get(group)
+                if was is not None:
+                    flops = (was.flops or 0.0) + (stat.flops or 0.0)
+                    stat = OpGroupStat(flops=flops, time_s=(was.time_s or 0.0) + (stat.time_s or 0.0))
+                total[group] = stat
+            self._round_flops += float(prof.total_flops or 0.0)
+            if complete:
+                self.op_groups, self._round = total, {}
+                self.op_groups_step = index
+                self.step_flops = self._round_flops or None
+                self._round_flops = 0.0
 
     def _resolve_clocks(self) -> None:
         clocks = self._pending_clocks

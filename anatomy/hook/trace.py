@@ -6,7 +6,7 @@ sees them. Too slow for every step, the trace runs on a sampled step and its res
 next one.
 
 A read is not always cheap: ``mallinfo2`` walks glibc's arenas, ~0.2 ms on a large model's heap, where a
-big model runs tens of thousands of ops a step. So the trace keeps its reads within the step's own op
+big model runs tens of thousands of ops a step. So the trace keeps its reads within the traced ops' own
 time (``READ_SHARE``): while reading has cost more than that share, it reads after every second op,
 then every fourth... (``stride``), and back down when there is room. A traced step then takes at most
 about twice its usual time; on a big model the trace samples its ops (``stride`` > 1) and may miss a
@@ -28,8 +28,10 @@ from anatomy.vocabulary import Phase
 READ_SHARE = 1.0  # the trace's reads may take at most this share of the traced step's other time
 MAX_STRIDE = 1 << 16
 # Reads after every op before the stride may change: the first ops (views, small ones) say little about
-# the step's pace, and a small model's whole trace stays exact.
+# the step's pace, and a small model's whole trace stays exact — up to this much time reading (a big
+# model's heap takes ~1 ms a read).
 GRACE_READS = 512
+GRACE_S = 0.02
 
 
 @dataclass(frozen=True, slots=True)
@@ -58,7 +60,7 @@ class MemoryTrace(TorchDispatchMode):
         self.ops = 0
         self.reads = 0
         self.spent_s = 0.0  # time spent reading
-        self._began = perf_counter()
+        self.op_s = 0.0  # time the traced ops took themselves
 
     @classmethod
     def ignore_compile_internals(cls) -> bool:
@@ -69,7 +71,9 @@ class MemoryTrace(TorchDispatchMode):
     def __torch_dispatch__(
         self, func: Any, types: Any, args: tuple[Any, ...] = (), kwargs: dict[str, Any] | None = None
     ) -> Any:
+        began = perf_counter()
         out = func(*args, **(kwargs or {}))
+        self.op_s += perf_counter() - began
         self.ops += 1
         if self.failed or self.ops % self.stride:
             return out
@@ -83,8 +87,8 @@ class MemoryTrace(TorchDispatchMode):
             done = perf_counter()
             self.reads += 1
             self.spent_s += done - began
-            rest = done - self._began - self.spent_s  # the step's own time so far (ops, Python)
-            if self.reads < GRACE_READS:  # every op, until the step's own time can be told
+            rest = self.op_s  # the traced ops' own time so far
+            if self.reads < GRACE_READS and self.spent_s < GRACE_S:  # every op, until the pace can be told
                 pass
             elif self.spent_s > READ_SHARE * rest and self.stride < MAX_STRIDE:
                 self.stride *= 2

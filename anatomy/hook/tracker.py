@@ -181,6 +181,7 @@ class Tracker(OrdinarySteps):
         self._batch_shape = self._target_shape = None
         self._context: StepContext[Tracker] = StepContext(self, None, None)  # what step() returns, reused
         self._plain_ok = False
+        self._episode, self._plan, self._blocks, self._per_piece, self._traced_best = [], None, [], {}, None
         self._spare = None
         # snapshots and publishing
         self._seq = 0
@@ -367,6 +368,8 @@ class Tracker(OrdinarySteps):
         self._finished = rec
         if self._steps_done >= self._quiet_until:  # (the steps per interval: as of this step's time)
             self._quiet_until = self._schedule.quiet_until(self._steps_done, self._looked_at)
+        if self._episode:  # a sampled episode in progress: its next piece on the next step
+            self._quiet_until = self._steps_done
         build = exc is not None or self._steps_done == 1 or since_built >= self._rebuild_after_s
         if build or groups_step != throughput.op_groups_step or not self._repeat(rec):
             self._build(rec)

@@ -25,8 +25,9 @@ from anatomy.hook.compiled import CompileProbe
 from anatomy.hook.guard import Guard
 from anatomy.hook.heap import HostHeap
 from anatomy.hook.others import OtherModels
+from anatomy.hook.pieces import PiecePlan
 from anatomy.hook.publishing import Channel
-from anatomy.hook.record import StepRecord, Sums
+from anatomy.hook.record import StepRecord, Sums, Traced
 from anatomy.hook.saved import SavedTensorCounter
 from anatomy.hook.schedule import Schedule
 from anatomy.hook.throughput import Throughput
@@ -98,6 +99,12 @@ class TrackerState:
     _batch_shape: tuple[int, ...] | None  # the first batch tensor's, for `plan --like`
     _target_shape: tuple[int, ...] | None  # the first batch's labels', likewise
     _plain_ok: bool  # the next ordinary step may begin and end in O(1) (StepRecord.plain)
+    # -- sampled steps (anatomy.hook.sampled)
+    _episode: list[str]  # the instruments still to run in the sampled episode in progress, in order
+    _plan: PiecePlan | None  # the pieces of the instrument running, in a stack of blocks
+    _blocks: list[torch.nn.Module]  # the model's repeated blocks, as the episode began (none: whole steps)
+    _per_piece: dict[str, int]  # blocks per piece, per instrument, as the last piece's cost sized it
+    _traced_best: Traced | None  # the highest of the trace's pieces so far
     _spare: StepRecord | None  # a record that ended plain, no longer the last finished: reset and reused
     # -- snapshots and publishing (anatomy.hook.snapshots)
     _seq: int

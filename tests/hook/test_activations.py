@@ -160,20 +160,21 @@ def test_split_at_peak_matches_memtracker(
     gc.disable()
     try:
         with anatomy.track(model, opt, publish=False, sample_every=2) as tracker:
-            hk.train_steps(model, opt, 3, tracker, batch=batch)
+            hk.train_steps(model, opt, 4, tracker, batch=batch)
             history = list(tracker.history)
             latest = tracker.latest
     finally:
         gc.enable()
     for s in history:
         assert s.at_peak is not None and sum(v or 0 for v in s.at_peak.values()) == s.peak_bytes
-    # Step 2 shows step 1's trace again unless its heap readings rose >10% above the traced peak (glibc's
+    # The trace runs on step 2, the sampled step after the profiler's (step 1: never both on one step).
+    # Step 3 shows step 2's trace again unless its heap readings rose >10% above the traced peak (glibc's
     # figure counts every thread's allocations: on a loaded machine a reader or timer thread can do that);
-    # the trace itself is step 1's snapshot, compared with MemTracker below.
-    assert latest is not None and latest.at_peak_step in (1, 2)
-    (snap,) = [s for s in history if s.step == 1]
+    # the trace itself is step 2's snapshot, compared with MemTracker below.
+    assert latest is not None and latest.at_peak_step in (2, 3)
+    (snap,) = [s for s in history if s.step == 2]
     assert snap.peak_bytes is not None and snap.memory_source == "glibc"
-    assert snap.at_peak is not None and snap.at_peak_step == 1
+    assert snap.at_peak is not None and snap.at_peak_step == 2
     assert snap.peak_phase in phases
 
     peak = _memtracker_peak(model, opt, hk, batch)
@@ -250,12 +251,12 @@ def test_cpu_peak_is_the_absolute_heap_at_the_peak(hk: SimpleNamespace, batch_si
     model = hk.small_bert()
     opt = torch.optim.AdamW(model.parameters())
     with anatomy.track(model, opt, publish=False, sample_every=2) as tracker:
-        hk.train_steps(model, opt, 1, tracker, batch=batch)
+        hk.train_steps(model, opt, 2, tracker, batch=batch)  # (step 1 profiled)
         trace = _HeapTrace()
         with trace:
-            hk.train_steps(model, opt, 1, tracker, batch=batch)  # step 1: traced by the tracker too
+            hk.train_steps(model, opt, 1, tracker, batch=batch)  # step 2: traced by the tracker too
         snap = tracker.latest
-    assert snap is not None and snap.step == 1 and snap.at_peak_step == 1
+    assert snap is not None and snap.step == 2 and snap.at_peak_step == 2
     assert snap.peak_bytes == pytest.approx(trace.peak, rel=0.03)
 
 

@@ -120,16 +120,16 @@ def _train(hk: SimpleNamespace, sim: pytest.MonkeyPatch | None) -> Any:
     opt = torch.optim.AdamW(model.parameters())
     hk.train_steps(model, opt, 1, batch=batch)  # optimizer state exists before tracking
     backend = _on_simulated_cuda if sim is not None else None
-    # step 1 sampled, 2 not
-    tracker = anatomy.Tracker(model, opt, publish=False, sample_every=3, memory_backend=backend)
+    # step 1 profiled, step 2 traced (the sampled episode's instruments, one a step), step 3 not sampled
+    tracker = anatomy.Tracker(model, opt, publish=False, sample_every=5, memory_backend=backend)
     cuda = None
     if sim is not None:
         cuda = _simulated(model, opt)
         cuda.install(sim)
         with cuda:
-            hk.train_steps(model, opt, 3, tracker, batch=batch)
+            hk.train_steps(model, opt, 4, tracker, batch=batch)
     else:
-        hk.train_steps(model, opt, 3, tracker, batch=batch)
+        hk.train_steps(model, opt, 4, tracker, batch=batch)
     snap = tracker.latest
     cuda_hello[:] = [tracker.hello]
     tracker.close()
@@ -168,7 +168,7 @@ def test_cuda_memory_arithmetic_agrees_with_cpu_path(
     # the same split at the peak: the CUDA path traces allocated bytes per op like the CPU path the heap
     for c in (Component.WEIGHTS, Component.OPTIMIZER_STATES, Component.GRADIENTS, Component.ACTIVATIONS):
         assert cuda.at_peak[c.value] == cpu.at_peak[c.value], c
-    assert cuda.at_peak_step == cpu.at_peak_step == 1  # the traced step's split, reused on step 2
+    assert cuda.at_peak_step == cpu.at_peak_step == 2  # the traced step's split, reused on step 3
     temporaries = cuda.memory[Component.TEMPORARIES.value]
     assert temporaries is not None and temporaries > 1_000_000
     assert temporaries == pytest.approx(cpu.memory[Component.TEMPORARIES.value], rel=0.05)

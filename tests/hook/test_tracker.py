@@ -386,14 +386,14 @@ def test_defaults_and_the_traced_step_leaves_nothing_behind(hk: SimpleNamespace)
 
     with anatomy.Tracker(model, opt, publish=False, memory_backend=heap_backend) as tracker:
         assert tracker.sample_every == 100
-        hk.train_steps(model, opt, 3, tracker, batch=_batch(hk))  # step 1 is sampled and traced
+        hk.train_steps(model, opt, 4, tracker, batch=_batch(hk))  # step 1 is profiled, step 2 traced
         snap = tracker.latest
         assert snap is not None and snap.op_groups_step == 1
         assert len(backends) == 1 and backends[0].traced is not None
-        assert backends[0].traced.step == 1  # the one trace so far, and it is step 1's
-        # The split shown is the trace's unless step 2's heap readings rose >10% above the traced peak
+        assert backends[0].traced.step == 2  # the one trace so far, and it is step 2's
+        # The split shown is the trace's unless step 3's heap readings rose >10% above the traced peak
         # (glibc's in-use figure includes other threads' allocations: a loaded CI machine sees that).
-        assert snap.at_peak_step in (1, 2)
+        assert snap.at_peak_step in (2, 3)
         counter = tracker.activation_counter
         assert not counter.track_alive and counter.alive_activation_bytes == 0
         assert all(not p._post_accumulate_grad_hooks for p in model.parameters())
@@ -410,18 +410,18 @@ def test_split_at_peak_under_gradient_accumulation(hk: SimpleNamespace) -> None:
     gc.disable()
     try:
         with anatomy.track(model, opt, publish=False, sample_every=2) as tracker:
-            hk.train_steps(model, opt, 3, tracker, batch=_batch(hk, batch=16), accum=2)
+            hk.train_steps(model, opt, 4, tracker, batch=_batch(hk, batch=16), accum=2)
             history = list(tracker.history)
     finally:
         gc.enable()
-    assert len(history) == 3
+    assert len(history) == 4
     for snap in history:
         assert snap.at_peak is not None and snap.peak_bytes is not None
         assert sum(v or 0 for v in snap.at_peak.values()) == snap.peak_bytes
         assert all(v is not None and v >= 0 for v in snap.at_peak.values())
-    assert history[-1].at_peak_step in (1, 2)  # 2: another thread's allocations lifted step 2's readings
-    last = history[1]  # step 1's traced split
-    assert last.at_peak is not None and last.step == last.at_peak_step == 1
+    assert history[-1].at_peak_step in (2, 3)  # 3: another thread's allocations lifted step 3's readings
+    last = history[2]  # step 2's traced split (step 1 was profiled)
+    assert last.at_peak is not None and last.step == last.at_peak_step == 2
     assert last.peak_phase in ("forward", "backward")  # activations of 16 samples top AdamW's temporaries
     assert last.at_peak[Component.GRADIENTS.value] == tracker.sums.gradients  # micro-batch 1's
     assert last.at_peak[Component.ACTIVATIONS.value] > 0.5 * (last.memory[Component.ACTIVATIONS.value] or 0)

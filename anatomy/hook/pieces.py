@@ -1,0 +1,252 @@
+"""A sampled step's instrument over a piece of a deep model's step, so that no step is held up by more than
+about its own duration.
+
+The op-group profiler and the per-op memory trace are dispatch modes: every op run inside them costs a
+few microseconds more, a few times a small op's own time — over a whole step of a model of a hundred small
+layers, a second added to a 0.2 s step. A model whose forward runs a stack of repeated blocks (the
+children of its longest ``ModuleList``/``Sequential`` of one class: Hugging Face's decoder layers, an
+MLP's blocks) is instrumented in pieces, one piece a step over consecutive steps: a run of consecutive
+blocks — the first piece from the model's forward start, the last to its end — with the backward ops of
+the autograd nodes that run's forward made, then the optimizer's step as a piece of its own. The steps
+repeat the same shapes, so the pieces' figures add up to one step's: op groups and the traced peak stand
+for the whole step once every piece has run (on the step that completed them). Ops run after the
+model's forward and before its backward (a loss computed in the loop) fall in no piece.
+
+The mode is pushed only while a piece's ops run: by forward pre-hooks on the blocks at the piece's ends
+(the model's own hooks at its forward's start and end), and in backward by a pre-hook on each of the
+piece's autograd nodes (found from the piece's outputs by their sequence numbers, as the piece's forward
+ends). Autograd runs every node under the thread state of the ``backward()`` call, restored as the node
+is done: only a hook inside the node can switch a mode on for it, and the restore switches it off again
+after the node's function and the sums of the gradients it passes on. Nothing here changes a value: every
+hook returns None, and all of them are removed when the step ends.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+from typing import Any
+
+import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+
+MIN_BLOCKS = 4  # a shorter stack is instrumented whole
+_SEQUENCE_NR: Callable[[], int] | None = getattr(torch._C._autograd, "_get_sequence_nr", None)
+# Pushes a mode on the dispatch stack and nothing else (TorchDispatchMode.__enter__ keeps Python-side
+# flags its __exit__ restores; in a node, autograd's own restore takes the mode off, not an __exit__).
+_PUSH: Callable[[Any], None] | None = getattr(torch._C, "_push_on_torch_dispatch_stack", None)
+
+
+def repeated_blocks(model: torch.nn.Module) -> list[torch.nn.Module]:
+    """The children of the model's longest ``ModuleList``/``Sequential`` whose children are all of one
+    class, in order (at least ``MIN_BLOCKS``; else none: the step is instrumented whole)."""
+    best: list[torch.nn.Module] = []
+    for module in model.modules():
+        if not isinstance(module, (torch.nn.ModuleList, torch.nn.Sequential)):
+            continue
+        kids = list(module.children())
+        if len(kids) > len(best) and len({type(k) for k in kids}) == 1:
+            best = kids
+    return best if len(best) >= MIN_BLOCKS and _SEQUENCE_NR is not None and _PUSH is not None else []
+
+
+def _grad_fns(value: Any, out: list[Any], depth: int = 4) -> None:
+    """The autograd nodes that made the tensors in ``value`` (tensors, and tuples, lists and dicts of them:
+    a block's arguments, a model's output)."""
+    if isinstance(value, torch.Tensor):
+        fn = value.grad_fn
+        if fn is not None:
+            out.append(fn)
+    elif depth > 0 and isinstance(value, (tuple, list)):
+        for v in value:
+            _grad_fns(v, out, depth - 1)
+    elif depth > 0 and isinstance(value, dict):
+        for v in value.values():
+            _grad_fns(v, out, depth - 1)
+
+
+class Piece:
+    """One sampled step's piece: ``mode`` (a dispatch mode: the profiler or the trace) over blocks
+    ``first`` to ``stop`` of ``blocks`` (0 to ``len(blocks)``: the model's whole forward), forward and
+    backward, or over the optimizer's step (``optimizer=True``). ``open()`` as the step begins, the
+    tracker's ``model_begins``/``model_ends``/``optimizer_begins``/``optimizer_ends`` at those
+    boundaries, ``close()`` as it ends."""
+
+    def __init__(
+        self,
+        mode: TorchDispatchMode,
+        blocks: list[torch.nn.Module],
+        first: int,
+        stop: int,
+        optimizer: bool = False,
+        wrap: Callable[[Any], Any] = lambda f: f,
+    ) -> None:
+        self.mode = mode
+        self.blocks = blocks
+        self.first, self.stop = first, stop
+        self.optimizer = optimizer
+        self._wrap = wrap
+        self._handles: list[Any] = []
+        self._pushed = 0
+        self._seq0 = -1
+        self._live = False
+        self.nodes = 0  # autograd nodes of the piece's backward, hooked
+        self.failed = False
+
+    # -- the mode on and off ------------------------------------------------------------------------
+
+    def _push(self) -> None:
+        TorchDispatchMode.__enter__(self.mode)  # (the mode's own __enter__ may do more: the base one only)
+        self._pushed += 1
+
+    def _pop(self) -> None:
+        if self._pushed > 0:
+            self._pushed -= 1
+            TorchDispatchMode.__exit__(self.mode, None, None, None)
+
+    # -- the step's boundaries ----------------------------------------------------------------------
+
+    def open(self) -> None:
+        self._live = True
+        if self.optimizer:
+            return
+        n = len(self.blocks)
+        hook = self._wrap(self._block_starts)
+        for index in {self.first, self.stop} - {0, n}:  # the model's own hooks are the tracker's
+            self._handles.append(self.blocks[index].register_forward_pre_hook(hook, with_kwargs=True))
+
+    def model_begins(self) -> None:
+        if self._live and not self.optimizer and self.first == 0 and self._seq0 == -1:
+            self._guarded(self._begin)
+
+    def model_ends(self, output: Any) -> None:
+        if self._live and self._seq0 >= 0 and self.stop == len(self.blocks):
+            self._guarded(self._end, output)
+
+    def optimizer_begins(self) -> None:
+        if self._live and self.optimizer and not self._pushed:
+            self._guarded(self._push)
+
+    def optimizer_ends(self) -> None:
+        if self.optimizer:
+            self._guarded(self._pop)
+
+    def _guarded(self, fn: Callable[..., None], *args: Any) -> None:
+        """A boundary of the piece; a failure ends the piece (mode off), never the step."""
+        try:
+            fn(*args)
+        except Exception:
+            self.failed = True
+            self._live = False
+            while self._pushed:
+                try:
+                    self._pop()
+                except Exception:
+                    self._pushed = 0
+
+    def close(self) -> None:
+        """The step ends: every hook removed, the mode off."""
+        self._live = False
+        while self._pushed:
+            self._pop()
+        for handle in self._handles:
+            try:
+                handle.remove()
+            except Exception:  # (a graph already freed)
+                self.failed = True
+        self._handles = []
+
+    # -- forward --------------------------------------------------------------------------------------
+
+    def _block_starts(self, module: torch.nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
+        if not self._live or not torch.is_grad_enabled():
+            return
+        blocks = self.blocks
+        if self._seq0 == -1 and module is blocks[self.first]:
+            self._guarded(self._begin)
+        elif self._seq0 >= 0 and self.stop < len(blocks) and module is blocks[self.stop]:
+            self._guarded(self._end, (args, kwargs))  # what flows into the next block: the piece's outputs
+
+    def _begin(self) -> None:
+        assert _SEQUENCE_NR is not None
+        self._seq0 = _SEQUENCE_NR()
+        self._push()
+
+    def _end(self, outputs: Any) -> None:
+        assert _SEQUENCE_NR is not None
+        seq1 = _SEQUENCE_NR()
+        self._pop()
+        self._live = self._live and not self.failed
+        try:
+            self._hook_backward(outputs, self._seq0, seq1)
+        except Exception:  # no backward for this piece; its forward stands
+            self.failed = True
+        self._seq0 = -2  # (done: a later forward of the step is not this piece's)
+
+    # -- backward -------------------------------------------------------------------------------------
+
+    def _hook_backward(self, outputs: Any, seq0: int, seq1: int) -> None:
+        """A pre-hook (mode on) on every autograd node the piece's forward made: those reached from its
+        outputs whose sequence number is in ``[seq0, seq1)`` (and the gradient accumulators of the
+        parameters they use)."""
+        stack: list[Any] = []
+        _grad_fns(outputs, stack)
+        seen: set[int] = set()
+        pre = self._node_pre
+        while stack:
+            node = stack.pop()
+            key = id(node)
+            if key in seen:
+                continue
+            seen.add(key)
+            seq = node._sequence_nr()
+            if seq < seq0:
+                continue  # an earlier piece's, or made before the step
+            if seq >= seq1 and type(node).__name__ != "AccumulateGrad":
+                continue
+            # (its handle dropped at once: the hook goes with the graph after backward, and does nothing
+            # once the piece is closed — thousands of handles kept to the step's end made gc work)
+            node.register_prehook(pre)
+            self.nodes += 1
+            stack.extend(fn for fn, _ in node.next_functions if fn is not None)
+
+    def _node_pre(self, grad_outputs: Any) -> None:
+        if self._live and _PUSH is not None:
+            _PUSH(self.mode)  # (off again as autograd restores the thread state after the node)
+
+
+class PiecePlan:
+    """Which piece comes next: the blocks in runs of ``per_piece`` (adapted to what the last piece cost),
+    then the optimizer."""
+
+    def __init__(self, blocks: Iterable[torch.nn.Module], per_piece: int) -> None:
+        self.blocks = list(blocks)
+        self.per_piece = max(1, min(int(per_piece), len(self.blocks)))
+        self.next_block = 0  # where the next piece starts; len(blocks): the optimizer's is next
+        self.done = False
+
+    def next(self) -> tuple[int, int, bool]:
+        """(first block, stop block, the optimizer's piece) of the next piece."""
+        n = len(self.blocks)
+        if self.next_block >= n:
+            return n, n, True
+        stop = min(n, self.next_block + self.per_piece)
+        if n - stop < max(1, self.per_piece // 2):  # a short remainder joins this piece
+            stop = n
+        return self.next_block, stop, False
+
+    def finished(self, first: int, stop: int, optimizer: bool, cost_share: float | None) -> None:
+        """That piece ran; ``cost_share``: what it added to its step, as a share of a usual step (None:
+        unknown). The next piece is sized to add about ``TARGET_SHARE``."""
+        if optimizer:
+            self.done = True
+            return
+        self.next_block = stop
+        if cost_share is not None and cost_share > 0:
+            scaled = (stop - first) * TARGET_SHARE / cost_share
+            self.per_piece = max(1, min(len(self.blocks), int(scaled)))
+
+
+TARGET_SHARE = 0.3  # what a piece may add to its step, as a share of a usual step
+
+
+__all__ = ["MIN_BLOCKS", "TARGET_SHARE", "Piece", "PiecePlan", "repeated_blocks"]

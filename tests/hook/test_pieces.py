@@ -1,0 +1,102 @@
+"""A deep model's sampled work in pieces over consecutive steps: the pieces add up to the whole step's op
+groups exactly, the trace's pieces to a split at the peak; nothing is left behind and training is bit for
+bit what it is without the hook."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from torch.utils._python_dispatch import _get_current_dispatch_mode_stack
+
+import anatomy
+from anatomy.hook.opgroups import OpGroupProfiler
+from anatomy.hook.pieces import repeated_blocks
+from anatomy.vocabulary import Phase
+
+DEPTH = 8
+
+
+def _llama(depth: int = DEPTH) -> torch.nn.Module:
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    torch.manual_seed(0)
+    cfg = LlamaConfig(
+        vocab_size=256,
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=depth,
+        num_attention_heads=4,
+        num_key_value_heads=4,
+        max_position_embeddings=16,
+    )
+    return LlamaForCausalLM(cfg)
+
+
+def _ids() -> torch.Tensor:
+    return torch.randint(0, 256, (2, 16), generator=torch.Generator().manual_seed(1))
+
+
+def _step(model: torch.nn.Module, opt: torch.optim.Optimizer, ids: torch.Tensor) -> float:
+    loss = model(input_ids=ids, labels=ids).loss
+    loss.backward()
+    opt.step()
+    opt.zero_grad()
+    return float(loss.item())
+
+
+def test_the_blocks_are_the_longest_run_of_one_class() -> None:
+    llama = _llama()
+    assert repeated_blocks(llama) == list(llama.model.layers)
+    blocks = [torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.ReLU()) for _ in range(6)]
+    mlp = torch.nn.Sequential(*blocks)
+    assert repeated_blocks(mlp) == list(mlp)
+    assert repeated_blocks(torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.Linear(4, 4))) == []
+
+
+def test_pieces_add_up_to_the_whole_steps_op_groups_and_leave_nothing_behind() -> None:
+    """The FLOPs of every op group, profiled a piece a step (a run of blocks forward and backward, then the
+    optimizer), equal a whole step's profiled at once; the trace's pieces give a split at the peak that
+    sums to it. Losses are bit-identical with a run without the hook, and no hook or mode is left."""
+    ids = _ids()
+    reference = _llama()
+    ref_opt = torch.optim.AdamW(reference.parameters(), lr=1e-3)
+    ref_losses = [_step(reference, ref_opt, ids) for _ in range(30)]
+
+    model = _llama()
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    whole: Any = None
+    losses = []
+    with anatomy.track(model, opt, publish=False, record=False, sample_every=1000) as tracker:
+        for i in range(30):
+            with tracker.step():
+                losses.append(_step(model, opt, ids))
+            if i == 0:  # a whole step profiled at once, outside the tracker's steps (same shapes, same ops)
+                prof = OpGroupProfiler(model.modules())
+                with prof:
+                    out = model(input_ids=ids, labels=ids).loss
+                    out.backward()
+                    prof.set_phase(Phase.OPTIMIZER)
+                    torch.optim.AdamW(model.parameters(), lr=0.0).step()  # (lr 0: the same ops, no update)
+                model.zero_grad()
+                whole = prof.result()
+        history = list(tracker.history)
+    assert losses == ref_losses
+    profiled = [s for s in history if s.op_groups_step is not None]
+    assert profiled, "the op groups never completed"
+    done = min(s.op_groups_step for s in profiled if s.op_groups_step is not None)
+    assert 1 < done < 30  # more than one piece, all on consecutive steps from step 1
+    snap = next(s for s in history if s.step == done)
+    assert snap.op_groups is not None and whole is not None
+    for group, stat in whole.items():
+        if group.value == "optimizer":
+            continue  # (the reference step's optimizer is a fresh one: its first step makes its states)
+        assert snap.op_groups[group].flops == stat.flops, group
+        assert (snap.op_groups[group].time_s or 0) > 0 or not stat.time_s
+    traced = [s for s in history if s.at_peak_step is not None and s.at_peak_step > done]
+    assert traced, "the trace's pieces never completed"
+    last = traced[-1]
+    assert last.at_peak is not None and sum(v or 0 for v in last.at_peak.values()) == last.peak_bytes
+    assert not _get_current_dispatch_mode_stack()
+    for block in repeated_blocks(model):
+        assert not block._forward_pre_hooks and not block._forward_hooks  # (torch keeps them only there)
