@@ -25,17 +25,22 @@ everything the loop and the callbacks do between steps is in it.
 
 Printed per configuration, and as JSON with ``--json``:
 
-- **extra per unsampled step**: median over rounds of (hooked − plain), on rounds whose hooked step is not
-  a sampled one (by the schedule's rule: step 1 and one in ``SAMPLE_EVERY``), with the interquartile range
-  over rounds; beside it the same for the control; and the same in the training thread's CPU time (what the
-  hook adds to the thread, without the waits for a CPU that a loaded machine adds to wall-clock times);
+- **extra per unsampled step**: median over rounds of (hooked − plain), on rounds whose hooked step ran no
+  sampled instrument (the hooked worker reports the steps its schedule instrumented: the profiler, the
+  trace, or a piece of either; a hook before the pieces by the old rule, step 1 and one in
+  ``SAMPLE_EVERY``), with the interquartile range over rounds; beside it the same for the control; and the
+  same in the training thread's CPU time (what the hook adds to the thread, without the waits for a CPU
+  that a loaded machine adds to wall-clock times);
 - **all-in**, two ways: *measured* — every measured step, sampled ones included, Σ hooked / Σ plain over
-  the run (only as complete as the run is long: a trace runs one step in ``SAMPLE_EVERY * TRACE_EVERY``);
-  and *amortized* (the summary's figure) — Σ hooked / Σ plain over the unsampled rounds (so the work done
-  once per publish interval and the gc it causes are in it), plus each sampled step's extra time spread
-  over ``SAMPLE_EVERY`` steps and a traced step's over ``SAMPLE_EVERY * TRACE_EVERY``. A sampled or traced
-  step's extra comes from the run's own such steps; where the run has none, from step 1 (profiler + trace +
-  first use), an upper bound, marked ``<=``;
+  the run (only as complete as the run is long); and *amortized* (the summary's figure) — Σ hooked /
+  Σ plain over the unsampled rounds (so the work done once per publish interval and the gc it causes are
+  in it), plus the sampled work spread over the steps: a profiling episode's extra time in all (its pieces
+  over consecutive steps) and a tracing one's, one in ``TRACE_EVERY`` episodes, every ``SAMPLE_EVERY``
+  steps — no more than the hook's time budget (``BUDGET_FRACTION`` of the step) lets them through. (Before
+  the pieces: each sampled step's extra over ``SAMPLE_EVERY`` steps, a traced one's over
+  ``SAMPLE_EVERY * TRACE_EVERY``; where the run has none, from step 1, an upper bound, marked ``<=``.)
+- **the most any step was held up**, in usual steps: the largest (hooked − plain) of any step, warm-up
+  included, over the median unsampled plain step;
 - p99 and max step of each arm (measured steps, sampled ones included);
 - first-step extras: step 0 (first sums, counts, heap reads) and step 1 (the op-group profiler and the per-op
   memory trace), hooked − plain;
@@ -82,6 +87,15 @@ MAX_ROUNDS = 4000  # datasets for the Trainer and Lightning are sized for this m
 READY_TIMEOUT_S = 600.0
 
 
+def _budget_fraction() -> float:
+    try:
+        from anatomy.hook import schedule
+
+        return float(getattr(schedule, "BUDGET_FRACTION", 0.01))
+    except Exception:
+        return 0.01
+
+
 def _schedule_constants() -> tuple[int, int]:
     """The hook's default sampling periods (the ``cost`` work may change them; read, not copied)."""
     try:
@@ -122,6 +136,7 @@ class Gate:
         self.collections = [0, 0, 0]
         self.start: tuple[list[int], float] | None = None
         self.last: tuple[list[int], float] | None = None
+        self.sampled: dict[int, str] = {}  # step -> the instrument it ran (hooked arm: _watch_sampled)
         gc.callbacks.append(self._on_gc)
 
     def _on_gc(self, phase: str, info: dict[str, int]) -> None:
@@ -136,7 +151,8 @@ class Gate:
             self.conn.send(("ready",))
         else:
             self.last = (list(self.collections), time.process_time())
-            self.conn.send(("step", self.index, now - self.t0, cpu - self.c0))
+            kind = self.sampled.pop(self.index, "")
+            self.conn.send(("step", self.index, now - self.t0, cpu - self.c0, kind))
             self.index += 1
         command = self.conn.recv()
         if command[0] == "stop":
@@ -153,6 +169,25 @@ class Gate:
             return {"gc": [0, 0, 0], "process_cpu_s": 0.0}
         gcs = [b - a for a, b in zip(self.start[0], self.last[0], strict=True)]
         return {"gc": gcs, "process_cpu_s": self.last[1] - self.start[1]}
+
+
+def _watch_sampled(gate: Gate) -> bool:
+    """Which steps run a sampled instrument (the op-group profiler, the per-op trace, or a piece of
+    either), as the hook's schedule decides them — it may hold one back for its time budget or run an
+    episode of pieces over consecutive steps, so no fixed rule of step numbers says. A hook without
+    ``_start_sampled`` (before the pieces) is classified by the old rule instead: False."""
+    try:
+        from anatomy.hook.sampled import SampledSteps
+    except ImportError:
+        return False
+    original = SampledSteps._start_sampled
+
+    def start(self: Any, rec: Any, kind: str) -> None:
+        gate.sampled[rec.index] = kind
+        original(self, rec, kind)
+
+    SampledSteps._start_sampled = start  # type: ignore[method-assign]
+    return True
 
 
 def _build(config: Config) -> Any:
@@ -350,6 +385,7 @@ def worker(conn: Connection, config: Config, arm: str, directory: str, threads: 
     # where a freshly started process pays nothing of the kind. Pay it here, before anything is timed.
     gc.collect()
     gate = Gate(conn)
+    watched = hooked and _watch_sampled(gate)
     try:
         # the frameworks' own prints (the Trainer's final metrics) stay out of the benchmark's output
         with (
@@ -363,7 +399,7 @@ def worker(conn: Connection, config: Config, arm: str, directory: str, threads: 
                 _trainer_loop(config, gate, hooked, out_dir)
             else:
                 _lightning_loop(config, gate, hooked)
-        conn.send(("done", gate.summary()))
+        conn.send(("done", {**gate.summary(), "watched": watched}))
     except BaseException as exc:  # tell the coordinator instead of leaving it waiting
         conn.send(("error", f"{type(exc).__name__}: {exc}"))
         raise
@@ -463,10 +499,10 @@ class Arms:
             raise RuntimeError(f"the {arm} worker said {message[0]!r}, expected {kind!r}")
         return message
 
-    def step(self, arm: str, mark: bool) -> tuple[int, float, float]:
+    def step(self, arm: str, mark: bool) -> tuple[int, float, float, str]:
         self.conns[arm].send(("go", mark))
-        _, index, wall, cpu = self._expect(arm, "step")
-        return int(index), float(wall), float(cpu)
+        _, index, wall, cpu, kind = self._expect(arm, "step")
+        return int(index), float(wall), float(cpu), str(kind)
 
     def finish(self) -> dict[str, dict[str, Any]]:
         summaries = {}
@@ -524,11 +560,15 @@ def run_config(config: Config, args: argparse.Namespace, log: Callable[[str], No
         reader = ReaderThread(directory)
         try:
             warm: dict[str, list[float]] = {arm: [] for arm in ARMS}
+            warm_kinds: list[str] = []
             order = list(ARMS)
             r = 0
             for _ in range(args.warmup):
                 for arm in order[r % 3 :] + order[: r % 3]:
-                    warm[arm].append(arms.step(arm, False)[1])
+                    got = arms.step(arm, False)
+                    warm[arm].append(got[1])
+                    if arm == "hooked":
+                        warm_kinds.append(got[3])
                 r += 1
             reader.connected.wait(5.0)  # measured steps run with the reader connected
             rounds = args.rounds
@@ -542,12 +582,14 @@ def run_config(config: Config, args: argparse.Namespace, log: Callable[[str], No
             times: dict[str, list[float]] = {arm: [] for arm in ARMS}
             cpu: dict[str, list[float]] = {arm: [] for arm in ARMS}
             indices: list[int] = []
+            kinds: list[str] = []
             for k in range(rounds):
-                this: dict[str, tuple[int, float, float]] = {}
+                this: dict[str, tuple[int, float, float, str]] = {}
                 for arm in order[r % 3 :] + order[: r % 3]:
                     this[arm] = arms.step(arm, k == 0)
                 r += 1
                 indices.append(this["hooked"][0])
+                kinds.append(this["hooked"][3])
                 for arm in ARMS:
                     times[arm].append(this[arm][1])
                     cpu[arm].append(this[arm][2])
@@ -560,9 +602,15 @@ def run_config(config: Config, args: argparse.Namespace, log: Callable[[str], No
     elapsed = time.perf_counter() - started
 
     plain, control, hooked = times["plain"], times["control"], times["hooked"]
-    unsampled = [k for k, i in enumerate(indices) if not sampled(i)]
-    sampled_only = [k for k, i in enumerate(indices) if sampled(i) and not traced(i)]
-    traced_k = [k for k, i in enumerate(indices) if traced(i)]
+    watched = bool(summaries["hooked"].get("watched"))
+    if watched:  # the steps the hook's schedule instrumented, as it ran them
+        unsampled = [k for k, kind in enumerate(kinds) if not kind]
+        sampled_only = [k for k, kind in enumerate(kinds) if kind == "profile"]
+        traced_k = [k for k, kind in enumerate(kinds) if kind == "trace"]
+    else:  # a hook without pieces: step 1 and one in sample_every (one in TRACE_EVERY of them traced)
+        unsampled = [k for k, i in enumerate(indices) if not sampled(i)]
+        sampled_only = [k for k, i in enumerate(indices) if sampled(i) and not traced(i)]
+        traced_k = [k for k, i in enumerate(indices) if traced(i)]
 
     def diffs(arm: str, ks: Sequence[int]) -> list[float]:
         return [times[arm][k] - plain[k] for k in ks]
@@ -599,6 +647,29 @@ def run_config(config: Config, args: argparse.Namespace, log: Callable[[str], No
         if sample_every > 0
         else 0.0
     )
+    # Every step's extra time, warm-up included, over the usual step: the most any step was held up.
+    every_extra = [h - p for h, p in zip(warm["hooked"] + hooked, warm["plain"] + plain, strict=True)]
+    usual = statistics.median(plain_unsampled) if plain_unsampled else math.nan
+    worst = max(range(len(every_extra)), key=lambda i: every_extra[i]) if every_extra else 0
+    episodes: dict[str, list[float]] = {}
+    if watched:
+        # A sampled episode is a run of steps of one instrument (a piece a step); what one costs in all,
+        # spread over the steps between episodes: one in sample_every at most, and no more often than
+        # the hook's time budget lets what they cost through.
+        every_kind = warm_kinds + kinds
+        for i, kind in enumerate(every_kind):
+            if kind:
+                if i == 0 or every_kind[i - 1] != kind:
+                    episodes.setdefault(kind, []).append(0.0)
+                episodes[kind][-1] += every_extra[i]
+        profile_cost = statistics.fmean(episodes.get("profile", [0.0]))
+        trace_cost = statistics.fmean(episodes.get("trace", [0.0]))
+        sampled_extra, traced_extra, upper = profile_cost, trace_cost, False
+        per_episode = profile_cost + trace_cost / trace_every
+        budget = _budget_fraction()
+        per_step_sampling = (
+            min(per_episode / sample_every, budget * mean_plain) if sample_every > 0 else 0.0
+        )
     all_in_amortized = (
         _ratio_of_sums([hooked[k] for k in unsampled], plain_unsampled) + per_step_sampling / mean_plain
     )
@@ -646,6 +717,10 @@ def run_config(config: Config, args: argparse.Namespace, log: Callable[[str], No
         "sampled_extra_ms": sampled_extra * 1e3,
         "traced_extra_ms": traced_extra * 1e3,
         **first,
+        "max_delay_steps": every_extra[worst] / usual if every_extra and usual > 0 else math.nan,
+        "max_delay_step": worst,
+        "sampled_by_schedule": watched,
+        "episodes": {kind: len(costs) for kind, costs in episodes.items()},
         "process_cpu_ratio": stats["hooked"]["process_cpu_s"] / pcpu if pcpu > 0 else math.nan,
         "control_process_cpu_ratio": stats["control"]["process_cpu_s"] / pcpu if pcpu > 0 else math.nan,
         "arms": stats,
@@ -682,8 +757,13 @@ def _print_config(res: dict[str, Any], log: Callable[[str], None]) -> None:
     log(
         f"  all-in amortized : {bound}{res['all_in_amortized']:.4f}x "
         f"(A/A {res['control_all_in_amortized']:.4f}x); "
-        f"sampled step +{res['sampled_extra_ms']:.2f} ms per {res['sample_every']}, "
-        f"traced +{res['traced_extra_ms']:.2f} ms per {res['sample_every'] * res['trace_every']}"
+        + (
+            f"a profiling episode +{res['sampled_extra_ms']:.2f} ms, a tracing one "
+            f"+{res['traced_extra_ms']:.2f} ms (in all), at the rate the schedule and its budget allow"
+            if res["sampled_by_schedule"]
+            else f"sampled step +{res['sampled_extra_ms']:.2f} ms per {res['sample_every']}, "
+            f"traced +{res['traced_extra_ms']:.2f} ms per {res['sample_every'] * res['trace_every']}"
+        )
     )
     log(
         f"  all-in measured  : {res['all_in_measured']:.4f}x (A/A {res['control_all_in_measured']:.4f}x) "
@@ -695,8 +775,9 @@ def _print_config(res: dict[str, Any], log: Callable[[str], None]) -> None:
         + " | ".join(f"{arm} {a[arm]['p99_ms']:.3f} / {a[arm]['max_ms']:.3f} ms" for arm in ARMS)
     )
     log(
-        f"  first steps extra: step 0 {res['step0_extra_ms']:+.2f} ms, step 1 (profiler + trace) "
-        f"{res['step1_extra_ms']:+.2f} ms"
+        f"  first steps extra: step 0 {res['step0_extra_ms']:+.2f} ms, step 1 (the first sampled) "
+        f"{res['step1_extra_ms']:+.2f} ms; the most any step was held up: "
+        f"{res['max_delay_steps']:.2f} usual steps (step {res['max_delay_step']})"
     )
     log(
         "  gc per 1000 steps (gen 0/1/2): "
@@ -724,6 +805,7 @@ SUMMARY_COLUMNS = (
     "p99 hooked/plain",
     "max hooked/plain",
     "first-step extra",
+    "max delay (steps)",
     "gc/1k hooked",
     "gc/1k plain",
 )
@@ -752,6 +834,7 @@ def summary_table(results: Sequence[dict[str, Any]]) -> list[str]:
             f"{a['hooked']['p99_ms']:.2f}/{a['plain']['p99_ms']:.2f} ms",
             f"{a['hooked']['max_ms']:.2f}/{a['plain']['max_ms']:.2f} ms",
             f"{res['step1_extra_ms']:+.1f} ms",
+            f"{res['max_delay_steps']:.2f}",
             _fmt_gc(a["hooked"]["gc_per_1000"]),
             _fmt_gc(a["plain"]["gc_per_1000"]),
         ]

@@ -269,6 +269,10 @@ class OpGroupProfiler(TorchDispatchMode):
         finally:
             self.end()
 
+    def watch(self, modules: Iterable[torch.nn.Module]) -> None:
+        """Watch these modules' normalizations too (before the profiler starts)."""
+        self._norm_modules += [m for m in modules if _is_norm_module(m)]
+
     def begin(self) -> None:
         """The norm watch on, not the mode (a piece of a step pushes it: :mod:`anatomy.hook.pieces`)."""
         self._install_norm_hooks()

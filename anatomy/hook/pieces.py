@@ -92,6 +92,17 @@ class Piece:
         self.nodes = 0  # autograd nodes of the piece's backward, hooked
         self.failed = False
 
+    def modules(self, model: torch.nn.Module) -> Iterable[torch.nn.Module]:
+        """The modules whose forward runs in this piece: its blocks' (and at the model's ends, every module
+        outside the blocks); none for the optimizer's piece."""
+        if self.optimizer:
+            return []
+        inside = [m for block in self.blocks[self.first : self.stop] for m in block.modules()]
+        if self.first > 0 and self.stop < len(self.blocks):
+            return inside
+        in_blocks = {id(m) for block in self.blocks for m in block.modules()}
+        return inside + [m for m in model.modules() if id(m) not in in_blocks]
+
     # -- the mode on and off ------------------------------------------------------------------------
 
     def _push(self) -> None:

@@ -105,9 +105,11 @@ class SampledSteps(Attachment):
         with self._guard(Feature.OP_GROUPS):
             # Normalization modules are watched by module hooks, except where something is compiled:
             # a graph compiled while they are on would break at every norm for good.
-            modules = () if compile_in_use(self.model) else self.model.modules()
-            prof = OpGroupProfiler(modules, hook=outside_compile)
+            compiled = compile_in_use(self.model)
+            prof = OpGroupProfiler((), hook=outside_compile)
             piece = self._piece(prof, PROFILE)
+            if not compiled:  # the norm watch: over the piece's own modules (a piece of blocks)
+                prof.watch(piece.modules(self.model) if piece is not None else self.model.modules())
             if piece is None:
                 prof.__enter__()
             else:
