@@ -126,33 +126,37 @@ def step_row(snap: Snapshot) -> list[Any]:
     ]
 
 
-_SIX_DIGITS = "{:.6g}".format  # record_log.rounded, as a C-level map over a column
-
-
-def feed_columns(got: StepRows) -> list[Any]:
-    """The step feed's rows as the record's nine columns — ``step_row``'s values (times to six
-    significant digits, NaN where not measured, -1 for a missing peak, ``n`` 1) — made by C-level maps
-    over each column: no Python call per row on the publisher's thread, which shares the GIL with
-    training."""
+def feed_rows(got: StepRows) -> tuple[list[Any], bytes]:
+    """The step feed's rows as the record's nine columns and their steps line: ``step_row``'s values
+    (times to six significant digits, the time to the millisecond, a missing figure null — NaN in a float
+    column, -1 in the peak column — ``n`` 1), each number formatted once, by C-level maps over a column:
+    no Python call per row on the publisher's thread, which shares the GIL with training."""
     n = got.count
     col = got.column
+    six = "%.6g".__mod__
+    timed = [list(map(six, col(k))) for k in (STEP_S, FORWARD_S, BACKWARD_S, OPTIMIZER_S, SAMPLES_PER_S)]
+    steps = list(map("%d".__mod__, col(STEP)))
+    times = list(map("%.3f".__mod__, col(TIME)))
     peaks = col(PEAK)
     if any(map(math.isnan, peaks)):  # no memory backend: a missing peak
         peak_col = array("q", [-1 if p != p else int(p) for p in peaks])
+        peak_text = ["null" if p < 0 else str(p) for p in peak_col]
     else:
         peak_col = array("q", map(int, peaks))
-    timed = [list(map(float, map(_SIX_DIGITS, col(k)))) for k in (STEP_S, FORWARD_S, BACKWARD_S, OPTIMIZER_S)]
-    return [
+        peak_text = list(map("%d".__mod__, peak_col))
+    rows = zip(steps, times, timed[0], peak_text, *timed[1:], ["1"] * n, strict=True)
+    line = '{"type":"steps","rows":[[' + "],[".join(map(",".join, rows)) + "]]}\n"
+    if "n" in line:  # (no other letter n in the line: "nan", "inf" or a missing peak's "null")
+        line = line.replace("-inf", "null").replace("inf", "null").replace("nan", "null")
+    columns = [
         array("q", map(int, col(STEP))),
-        list(map(round, col(TIME), repeat(3, n))),
-        timed[0],
+        array("d", map(float, times)),
+        array("d", map(float, timed[0])),
         peak_col,
-        timed[1],
-        timed[2],
-        timed[3],
-        list(map(float, map(_SIX_DIGITS, col(SAMPLES_PER_S)))),
+        *(array("d", map(float, t)) for t in timed[1:]),
         array("q", repeat(1, n)),
     ]
+    return columns, line.encode()
 
 
 def _line(obj: dict[str, Any]) -> bytes:
@@ -339,11 +343,7 @@ class Recorder:
     def _append_feed_rows(self, got: StepRows) -> None:
         if self._fd is None:
             return
-        columns = feed_columns(got)
-        shown = columns
-        if -1 in columns[3]:  # a missing peak is null in the file
-            shown = [*columns[:3], [None if p == -1 else p for p in columns[3]], *columns[4:]]
-        data = rows_line(list(zip(*shown, strict=True)))
+        columns, data = feed_rows(got)
         _write_all(self._fd, data)
         self._log.add_step_columns(columns, got.count, len(data))
         self._grown()

@@ -74,13 +74,15 @@ class OrdinarySteps(StepSnapshots):
                     rec.opt_begin = sums.optimizer_states
                     rec.grads_begin = sums.gradients if probe.grad is not None else 0
                     self._step = rec
-                    rec.clock.marks.append((BEGIN, perf_counter()))
+                    rec.started = now = perf_counter()
+                    rec.clock.marks.append((BEGIN, now))
                     return
             if self._model_changed(index, quiet):  # a new head, an untied embedding, .to(): all sums anew
                 self._forced_refresh = index
                 quiet = False
             clock = self._step_clock(self._cuda_events and Feature.TIMING not in off)
             rec = StepRecord(index, auto, samples, tokens, clock)
+            rec.started = time.perf_counter()
             self._step = rec
             sums = self._sums
             rec.opt_begin = sums.optimizer_states
@@ -152,8 +154,9 @@ class OrdinarySteps(StepSnapshots):
                 forward_s = _NAN if d.forward_s is None else d.forward_s
                 backward_s = _NAN if d.backward_s is None else d.backward_s
                 optimizer_s = _NAN if d.optimizer_s is None else d.optimizer_s
+        sched = self._schedule
+        sched.trained_s += step_s  # (the budget's clock)
         if step_s > 0:  # the schedule's pace (Schedule.note_step_s, written out)
-            sched = self._schedule
             sched.recent_step_s[sched.noted % RECENT_STEPS] = step_s
             sched.noted += 1
         tokens = rec.tokens if rec.tokens is not None else self._throughput.default_tokens

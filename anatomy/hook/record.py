@@ -113,6 +113,7 @@ class StepRecord:
     piece: Piece | None = None  # the instrument runs over this piece of the step (None: the whole step)
     profiled: bool = False
     began_s: float = 0.0  # a sampled step's start (perf_counter), for the budget
+    started: float = 0.0  # the step's start (perf_counter): its time goes to the budget's clock
     # hook state
     in_forward: int = 0
     counting: bool = False

@@ -51,7 +51,13 @@ class SampledSteps(Attachment):
         if sched.trace_due(index, memory is not None and memory.traced is not None):
             kinds.append(TRACE)
         self._episode = kinds
-        self._blocks = repeated_blocks(self.model) if not compile_in_use(self.model) else []
+        # (a compiled model's graphs are whole: its pieces would not be the ops they stand for)
+        compiled = any(m.__dict__.get("_compiled_call_impl") is not None for m in self.model.modules())
+        self._blocks = (
+            []
+            if compiled or type(self.model).__name__ == "OptimizedModule"
+            else (repeated_blocks(self.model))
+        )
         return kinds[0] if kinds else None
 
     def _start_sampled(self, rec: StepRecord, kind: str) -> None:

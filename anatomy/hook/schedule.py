@@ -16,7 +16,8 @@ outside steps (evaluation, checkpointing) does not make the per-interval work mo
 All of that optional work also answers to a time budget (:class:`Budget`): the hook measures what each
 kind of work costs it (saved-tensor counting, heap reads, the model-signature walk, re-sums, sampled
 steps) and runs the periodic kinds only while the total stays within ``BUDGET_FRACTION`` of the
-training thread's wall time since the tracker started; a periodic re-sum or sampled step that does not
+time the training steps took (start to end: waits outside steps give it no room); a periodic re-sum or
+sampled step that does not
 fit waits for the first later step that does. A model whose count costs more is counted less often;
 what must run (a shape change, a change the hooks saw) runs regardless and is charged too; the first
 steps' work (``WARMUP_REFRESH_STEPS``: their re-sums, counts and heap reads, step 1's sampled work) is a
@@ -45,9 +46,9 @@ SAMPLED = "sampled"
 
 
 class Budget:
-    """Time the hook spent on optional work, against ``fraction`` of the wall time since it started.
-    ``charge`` after doing the work (what it measured), ``allows`` before: the work runs only if its
-    last measured cost fits in what is left."""
+    """Time the hook spent on optional work, against ``fraction`` of the time ``clock`` says training
+    took (the schedule's: the time its steps took, start to end). ``charge`` after doing the work (what
+    it measured), ``allows`` before: the work runs only if its last measured cost fits in what is left."""
 
     def __init__(
         self, fraction: float = BUDGET_FRACTION, clock: Callable[[], float] = time.perf_counter
@@ -88,7 +89,10 @@ class Schedule:
 
     def __init__(self, sample_every: int, interval_s: float, budget: Budget | None = None) -> None:
         self.sample_every = int(sample_every)
-        self.budget = budget if budget is not None else Budget()
+        # The time training steps took, start to end (the tracker adds each finished step's): the budget's
+        # clock, so that waits outside steps (evaluation, checkpoints, a loader) give the hook no room.
+        self.trained_s = 0.0
+        self.budget = budget if budget is not None else Budget(clock=lambda: self.trained_s)
         self.interval_s = float(interval_s)
         # The last unprofiled steps' durations, a ring written in place (``note_step_s``, or the tracker's
         # inline copy of it on an ordinary step: no object per step); the median is taken when asked.

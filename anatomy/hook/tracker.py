@@ -356,6 +356,8 @@ class Tracker(OrdinarySteps):
                     rec.grads = self._gradient_bytes()
                     self._sums.gradients = rec.grads
         self._steps_done += 1
+        if rec.started:  # (the budget's clock: the time steps take)
+            self._schedule.trained_s += perf_counter() - rec.started
         # (a step begun by begin_step: the next begin_step looks, before the next forward)
         if rec.auto and not self._compile_safe and self._compiled():
             self._keep_out_of_compile()

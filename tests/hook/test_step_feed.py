@@ -12,7 +12,7 @@ import pytest
 
 from anatomy.protocol import Snapshot, Timing
 from anatomy.record_log import rows_line
-from anatomy.recorder import Recorder, feed_columns, step_row
+from anatomy.recorder import Recorder, feed_rows, step_row
 from anatomy.step_feed import CAPACITY, FeedHistory, StepFeed
 from anatomy.vocabulary import Component
 
@@ -127,24 +127,27 @@ def test_the_history_shows_the_last_steps_oldest_first() -> None:
         history[4]
 
 
-def test_the_recorders_columns_are_the_rows_it_wrote_before() -> None:
-    """The columns the recorder takes from the feed encode as the same steps line as the old per-snapshot
-    rows (``step_row``) of the same steps: rounded the same, None where not measured."""
+def test_the_recorders_rows_are_the_rows_it_wrote_before() -> None:
+    """The steps line the recorder writes from the feed's columns holds the values the old per-snapshot
+    rows (``step_row``) of the same steps held — rounded the same, null where not measured — and the
+    columns it keeps are those values."""
     feed = StepFeed()
     base = _built(0, seq=1, peak=None)
     feed.put_built(base)
     feed.put(base, 2, 1234.56789, 1, Timing(step_s=0.0123456789, samples_per_s=None))
     feed.put(base, 3, 1235.5, 2, _timing(1 / 3))
+    feed.put(base, 4, 1236.0, 3, _timing(1e-6))
     got, _ = feed.rows_since(0)
-    columns = feed_columns(got)
-    shown = [*columns[:3], [None if p == -1 else p for p in columns[3]], *columns[4:]]
-    ours = rows_line(list(zip(*shown, strict=True)))
-    snaps = [feed.snapshot(k) for k in range(3)]
-    theirs = rows_line([step_row(s) for s in snaps if s is not None])
-    assert ours == theirs
-    rows = json.loads(ours)["rows"]
-    assert rows[1][:3] == [1, 1234.568, 0.0123457] and rows[1][3] is None and rows[1][7] is None
-    assert math.isnan(columns[4][1])  # kept as NaN in the recorder's float column
+    columns, line = feed_rows(got)
+    ours = json.loads(line)
+    assert ours["type"] == "steps" and line.endswith(b"\n")
+    snaps = [feed.snapshot(k) for k in range(4)]
+    theirs = json.loads(rows_line([step_row(s) for s in snaps if s is not None]))["rows"]
+    assert ours["rows"] == theirs  # (JSON numbers: 1e-06 and 1.0e-06, 100 and 100.0 are one value)
+    assert ours["rows"][1][:3] == [1, 1234.568, 0.0123457] and ours["rows"][1][3] is None
+    assert ours["rows"][1][7] is None and ours["rows"][3][2] == 1e-06
+    assert list(columns[0]) == [0, 1, 2, 3] and list(columns[3]) == [-1] * 4 and list(columns[8]) == [1] * 4
+    assert math.isnan(columns[5][1]) and columns[2][1] == 0.0123457  # NaN kept in the float column
 
 
 def test_a_recorder_following_a_feed_writes_every_row_once(tmp_path: Path) -> None:
