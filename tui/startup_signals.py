@@ -7,8 +7,9 @@ Once ``hand_over(app)`` is called, a Python signal handler must never raise: it 
 bytecodes of whatever the main thread is doing — inside Textual's start-up, a ``queue.Queue.put`` to
 Textual's writer thread, a ``threading.Condition`` — and an exception there leaves them half done (the
 monitor hung for good at exit, its writer thread waiting for a notification that was lost). So from then
-on the handler only records the signal and asks the event loop to exit the app, as the app's own handlers
-do; a signal that came before the loop ran is honoured by the app as it mounts (``pending``).
+on the handler only records the signal; the app honours it as it mounts (``pending``), and once it has
+mounted the handler asks the event loop to exit the app, as the app's own handlers do. Exiting before the
+mount (as Textual composes) tore the screen down under the widgets' own on_mount: exit status 1.
 
 Stdlib only; ``asyncio`` is imported by the handler only once Textual (which imports it) runs.
 """
@@ -38,6 +39,7 @@ class _State:
         self.give_back: Callable[[], None] = lambda: None
         self.app: Any = None  # the Textual app once it is about to run
         self.signal: int | None = None
+        self.mounted = False  # the app has mounted: it can exit
 
 
 _state = _State()
@@ -49,6 +51,11 @@ def _handler(sig: int, _frame: object) -> None:
     if app is None:
         _state.give_back()
         raise Signalled(sig)
+    if not _state.mounted:
+        # Textual is composing and mounting the app: exiting now tears the screen down under the
+        # widgets' on_mount (a NoMatches, exit status 1 instead of 128 + the signal). The app's own
+        # mount takes the signal from ``pending()``.
+        return
     asyncio = sys.modules.get("asyncio")
     loop = asyncio.events._get_running_loop() if asyncio is not None else None
     if loop is not None:
@@ -60,7 +67,7 @@ def _handler(sig: int, _frame: object) -> None:
 def install(give_back: Callable[[], None]) -> dict[int, Any]:
     """Install the start-up handlers; ``give_back`` restores the terminal (the start-up frame). Returns
     the previous handlers, for ``restore``."""
-    _state.give_back, _state.app, _state.signal = give_back, None, None
+    _state.give_back, _state.app, _state.signal, _state.mounted = give_back, None, None, False
     previous: dict[int, Any] = {}
     for sig in SIGNALS:
         with contextlib.suppress(ValueError, OSError):  # not the main thread: leave them alone
@@ -74,12 +81,16 @@ def hand_over(app: Any) -> None:
 
 
 def pending() -> int | None:
-    """The signal that arrived while Textual started, if any (the app exits with it as it mounts)."""
-    return _state.signal if _state.app is not None else None
+    """Called by the app as it mounts: the signal that arrived while Textual started, if any (the app
+    exits with it); a signal after this call exits the app from the handler."""
+    if _state.app is None:
+        return None
+    _state.mounted = True
+    return _state.signal
 
 
 def restore(previous: dict[int, Any]) -> None:
     for sig, handler in previous.items():
         with contextlib.suppress(ValueError, OSError):
             signal.signal(sig, handler)
-    _state.give_back, _state.app, _state.signal = (lambda: None), None, None
+    _state.give_back, _state.app, _state.signal, _state.mounted = (lambda: None), None, None, False

@@ -14,6 +14,7 @@ import copy
 import ctypes
 import ctypes.util
 import inspect
+import weakref
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -316,17 +317,32 @@ def measure_real_step(
         copies: dict[int, int] = {}
         sampler = HeapPeak() if last else None
 
+        savers: dict[int, list[weakref.ref[torch.Tensor]]] = {}
+
         def pack(
             t: torch.Tensor,
             acts: dict[int, int] = acts,
             copies: dict[int, int] = copies,
+            savers: dict[int, list[weakref.ref[torch.Tensor]]] = savers,
             sampler: HeapPeak | None = sampler,
         ) -> torch.Tensor:
             # Only sizes are kept: holding the tensors would keep them alive through backward.
             st = t.untyped_storage()
             key = st.data_ptr()
-            if key in params or key in acts or key in copies:
+            if key in params:
                 return t
+            if key in acts or key in copies:
+                if any(ref() is not None for ref in savers[key]):
+                    savers[key].append(weakref.ref(t))
+                    return t
+                # Every tensor saved at this address is gone: the allocator gave it to a new storage
+                # (a saved tensor whose node the forward dropped). Both were saved: both count.
+                gone = -len(savers) - 1
+                for kinds in (acts, copies):
+                    if key in kinds:
+                        kinds[gone] = kinds.pop(key)
+                savers[gone] = savers.pop(key)
+            savers[key] = [weakref.ref(t)]
             if sampler is not None:
                 sampler.paused = True
             with torch.no_grad():
@@ -389,6 +405,7 @@ def measure_real_step(
             out.loss.backward()
             acts.clear()
             copies.clear()
+            savers.clear()
         if sampler is not None:
             sampler.phase = Phase.OPTIMIZER
             gradients = _storages_bytes(p.grad for p in model.parameters() if p.grad is not None)
