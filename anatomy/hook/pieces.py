@@ -29,7 +29,10 @@ from typing import Any
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
-MIN_BLOCKS = 4  # a shorter stack is instrumented whole
+# A shorter stack is instrumented whole. Pieces are for deep stacks, where a whole step under an instrument
+# is held up by more than its own duration; in pieces (a run of blocks a step, then the optimizer on a
+# step of its own) a 4-layer Llama's first trace was complete only on step 5, after a 4-step job ended.
+MIN_BLOCKS = 8
 _SEQUENCE_NR: Callable[[], int] | None = getattr(torch._C._autograd, "_get_sequence_nr", None)
 # Pushes a mode on the dispatch stack and nothing else (TorchDispatchMode.__enter__ keeps Python-side
 # flags its __exit__ restores; in a node, autograd's own restore takes the mode off, not an __exit__).
