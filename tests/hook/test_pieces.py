@@ -13,7 +13,7 @@ from torch.utils._python_dispatch import _get_current_dispatch_mode_stack
 
 import anatomy
 from anatomy.hook.opgroups import OpGroupProfiler
-from anatomy.hook.pieces import repeated_blocks
+from anatomy.hook.pieces import MIN_BLOCKS, repeated_blocks
 from anatomy.vocabulary import Phase
 
 DEPTH = 8
@@ -50,9 +50,10 @@ def _step(model: torch.nn.Module, opt: torch.optim.Optimizer, ids: torch.Tensor)
 def test_the_blocks_are_the_longest_run_of_one_class() -> None:
     llama = _llama()
     assert repeated_blocks(llama) == list(llama.model.layers)
-    blocks = [torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.ReLU()) for _ in range(6)]
+    blocks = [torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.ReLU()) for _ in range(MIN_BLOCKS)]
     mlp = torch.nn.Sequential(*blocks)
     assert repeated_blocks(mlp) == list(mlp)
+    assert repeated_blocks(torch.nn.Sequential(*blocks[1:])) == []  # a shallow stack: instrumented whole
     assert repeated_blocks(torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.Linear(4, 4))) == []
 
 
