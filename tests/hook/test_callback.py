@@ -3,8 +3,6 @@
 from __future__ import annotations
 
 import os
-import threading
-import time
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
@@ -15,6 +13,7 @@ import torch
 import anatomy
 from anatomy import protocol
 from anatomy.vocabulary import Component
+from tests.stacks.stack_helpers import Collector
 
 pytestmark = pytest.mark.filterwarnings("ignore::FutureWarning")
 
@@ -53,38 +52,6 @@ def _trainer(model: torch.nn.Module, tmp: Path, steps: int, callback: Any, **arg
     return Trainer(model=model, args=training_args, train_dataset=_Tokens(64), callbacks=callbacks)
 
 
-class _Collector(threading.Thread):
-    """A monitor-side reader: waits for the hook's socket, then keeps every snapshot it receives."""
-
-    def __init__(self, directory: Path) -> None:
-        super().__init__(daemon=True)
-        self.directory = directory
-        self.hello: protocol.Hello | None = None
-        self.snapshots: list[protocol.Snapshot] = []
-        self.stop = threading.Event()
-
-    def run(self) -> None:
-        deadline = time.monotonic() + 60
-        reader = None
-        while reader is None and not self.stop.is_set() and time.monotonic() < deadline:
-            found = protocol.discover(self.directory)
-            if found:
-                reader = protocol.Reader(found[0])
-            else:
-                time.sleep(0.01)
-        if reader is None:
-            return
-        with reader:
-            while not reader.closed and not self.stop.is_set():
-                if reader.poll():
-                    self.hello = reader.hello
-                    if reader.snapshot is not None and (
-                        not self.snapshots or reader.snapshot.seq != self.snapshots[-1].seq
-                    ):
-                        self.snapshots.append(reader.snapshot)
-                time.sleep(0.005)
-
-
 def _param_bytes(model: torch.nn.Module) -> int:
     return sum(p.numel() * p.element_size() for p in model.parameters())
 
@@ -92,13 +59,12 @@ def _param_bytes(model: torch.nn.Module) -> int:
 def test_guide_shaped_trainer_run_publishes(hk: SimpleNamespace, tmp_path: Path, runtime_dir: Path) -> None:
     model = hk.small_bert()
     n = sum(p.numel() for p in model.parameters())
-    collector = _Collector(runtime_dir)
+    collector = Collector(runtime_dir)
     collector.start()
     callback = anatomy.AnatomyCallback(interval_s=0.01)
     trainer = _trainer(model, tmp_path, 6, callback)
     trainer.train()
-    collector.stop.set()
-    collector.join(timeout=10)
+    collector.finish()
 
     assert collector.hello is not None
     hello = collector.hello
