@@ -84,6 +84,28 @@ class Budget:
         return self.spent_s + self.cost.get(kind, 0.0) <= self.fraction * (self._clock() - self.started)
 
 
+class Periodic:
+    """Work due one step in ``every`` that answers to the budget: one that does not fit is owed, and runs on
+    the first later step the budget has room for; asked again within a step, the same answer."""
+
+    def __init__(self, kind: str) -> None:
+        self.kind = kind
+        self.owed = False
+        self._index = -1
+        self._answer = False
+
+    def due(self, index: int, every: int, budget: Budget) -> bool:
+        if index == self._index:
+            return self._answer
+        due = self.owed or (every > 0 and index % every == 0)
+        if due and not budget.allows(self.kind):
+            self.owed, due = True, False
+        elif due:
+            self.owed = False
+        self._index, self._answer = index, due
+        return due
+
+
 class Schedule:
     """Decides, per step, which measurements are due; remembers when each last ran."""
 
@@ -102,12 +124,8 @@ class Schedule:
         self.counted_step = -1  # the last step whose saved tensors were counted
         self.heap_step: int | None = None  # the last step that read the heap
         self.retrace = False  # the shapes changed since the last trace
-        self._sample_owed = False  # a sampled step was due but over budget: the next one that fits runs
-        self._refresh_owed = False  # likewise a periodic re-sum
-        self._refresh_index = -1
-        self._refresh_answer = False
-        self._sample_index = -1
-        self._sample_answer = False
+        self._sampled = Periodic(SAMPLED)
+        self._refresh = Periodic(REFRESH)
 
     def charge(self, kind: str, seconds: float, index: int) -> None:
         """Step ``index``'s optional work of ``kind`` cost ``seconds``: charged to the budget, except on
@@ -124,15 +142,7 @@ class Schedule:
         step that has (the sums stand meanwhile)."""
         if index < WARMUP_REFRESH_STEPS:
             return True
-        if index == self._refresh_index:  # asked again within the step: the same answer
-            return self._refresh_answer
-        due = self._refresh_owed or (self.sample_every > 0 and index % self.sample_every == 0)
-        if due and not self.budget.allows(REFRESH):
-            self._refresh_owed, due = True, False
-        elif due:
-            self._refresh_owed = False
-        self._refresh_index, self._refresh_answer = index, due
-        return due
+        return self._refresh.due(index, self.sample_every, self.budget)
 
     def note_step_s(self, step_s: float) -> None:
         """An unprofiled step's duration (the median of the last few sets the pace of the schedule)."""
@@ -169,9 +179,9 @@ class Schedule:
         every = self.sample_every
         if every > 0:
             due = min(due, -(-index // every) * every)  # the next re-sum and sampled step
-            if self._sample_owed:  # a sampled step waiting for the budget
+            if self._sampled.owed:  # a sampled step waiting for the budget
                 due = min(due, self._affordable(index, index, SAMPLED))
-            if self._refresh_owed:  # a re-sum waiting for the budget
+            if self._refresh.owed:  # a re-sum waiting for the budget
                 due = min(due, self._affordable(index, index, REFRESH))
         return due
 
@@ -206,15 +216,7 @@ class Schedule:
             return False
         if index == 1:
             return True
-        if index == self._sample_index:  # asked again within the step: the same answer
-            return self._sample_answer
-        due = self._sample_owed or index % self.sample_every == 0
-        if due and not self.budget.allows(SAMPLED):
-            self._sample_owed, due = True, False
-        elif due:
-            self._sample_owed = False
-        self._sample_index, self._sample_answer = index, due
-        return due
+        return self._sampled.due(index, self.sample_every, self.budget)
 
     def trace_due(self, index: int, have_trace: bool) -> bool:
         """The per-op trace costs about as much as the op-group profiler; the peak it finds changes
