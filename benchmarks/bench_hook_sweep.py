@@ -112,12 +112,14 @@ class Config:
     model: str
     depth: int
     width: int  # the MLP's width; the Llama's hidden size
+    device: str = "cpu"
 
     @property
     def label(self) -> str:
+        where = "" if self.device == "cpu" else f" on {self.device}"
         if self.model == "mlp":
-            return f"{self.depth}-block MLP w{self.width}"
-        return f"tiny Llama, {self.depth} layers"
+            return f"{self.depth}-block MLP w{self.width}{where}"
+        return f"tiny Llama, {self.depth} layers{where}"
 
 
 # -- the worker process ------------------------------------------------------------------------------
@@ -137,6 +139,9 @@ class Gate:
         self.start: tuple[list[int], float] | None = None
         self.last: tuple[list[int], float] | None = None
         self.sampled: dict[int, str] = {}  # step -> the instrument it ran (hooked arm: _watch_sampled)
+        # On a GPU a step ends when its kernels have run, as a user's timer around a synchronizing loss
+        # read sees it; without this the host's launches alone would be timed.
+        self.sync: Callable[[], None] | None = None
         gc.callbacks.append(self._on_gc)
 
     def _on_gc(self, phase: str, info: dict[str, int]) -> None:
@@ -144,6 +149,8 @@ class Gate:
             self.collections[info["generation"]] += 1
 
     def arrive(self) -> bool:
+        if self.sync is not None:
+            self.sync()
         now, cpu = time.perf_counter(), time.thread_time()
         if self.stopped:
             return False
@@ -257,11 +264,11 @@ class _Repeat:
 def _plain_loop(config: Config, gate: Gate, hooked: bool) -> None:
     import torch
 
-    model = _build(config)
+    model = _build(config).to(config.device)
     opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
     sample = _sample(config)
     n = _batch_size(config)
-    batch = {k: torch.stack([v] * n) for k, v in sample.items()}
+    batch = {k: torch.stack([v] * n).to(config.device) for k, v in sample.items()}
     tracker = None
     if hooked:
         import anatomy
@@ -309,7 +316,7 @@ def _trainer_loop(config: Config, gate: Gate, hooked: bool, out_dir: str) -> Non
         report_to="none",
         disable_tqdm=True,
         save_strategy="no",
-        use_cpu=True,
+        use_cpu=config.device == "cpu",
         dataloader_pin_memory=False,
         remove_unused_columns=False,
         seed=0,
@@ -352,7 +359,7 @@ def _lightning_loop(config: Config, gate: Gate, hooked: bool) -> None:
     dataset = _Repeat(_sample(config), _batch_size(config) * (MAX_ROUNDS + 64))
     loader: Any = torch.utils.data.DataLoader(dataset, batch_size=_batch_size(config))  # type: ignore[arg-type]
     trainer = pl.Trainer(
-        accelerator="cpu",
+        accelerator="cpu" if config.device == "cpu" else "gpu",
         devices=1,
         max_epochs=1,
         callbacks=callbacks,
@@ -385,6 +392,8 @@ def worker(conn: Connection, config: Config, arm: str, directory: str, threads: 
     # where a freshly started process pays nothing of the kind. Pay it here, before anything is timed.
     gc.collect()
     gate = Gate(conn)
+    if config.device.startswith("cuda"):
+        gate.sync = torch.cuda.synchronize
     watched = hooked and _watch_sampled(gate)
     try:
         # the frameworks' own prints (the Trainer's final metrics) stay out of the benchmark's output
@@ -851,14 +860,14 @@ def configs(args: argparse.Namespace) -> Iterator[Config]:
                 seen = set()
                 for depth in depths:
                     seen.add((depth, MLP_WIDTH))
-                    yield Config(loop, "mlp", depth, MLP_WIDTH)
+                    yield Config(loop, "mlp", depth, MLP_WIDTH, args.device)
                 if loop == "plain":  # step length: the width at the smallest depth
                     for width in args.widths:
                         if (min(args.depths), width) not in seen:
-                            yield Config(loop, "mlp", min(args.depths), width)
+                            yield Config(loop, "mlp", min(args.depths), width, args.device)
             else:
                 for depth in depths:
-                    yield Config(loop, "llama", depth, LLAMA["hidden"])
+                    yield Config(loop, "llama", depth, LLAMA["hidden"], args.device)
 
 
 def _csv(kind: Callable[[str], Any], choices: Sequence[Any] | None = None) -> Callable[[str], list[Any]]:
@@ -892,6 +901,9 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         "--warmup", type=int, default=5, help="rounds excluded (steps 0 and 1 give the first-step extras)"
     )
     ap.add_argument("--threads", type=int, default=1, help="torch threads per worker")
+    ap.add_argument(
+        "--device", default="cpu", help="where the model trains: cpu, or cuda (a step then ends synchronized)"
+    )
     ap.add_argument("--quick", action="store_true", help="depths 2,8, a short budget: about 2 minutes")
     ap.add_argument("--json", type=Path, default=None, help="write every figure here")
     args = ap.parse_args(argv)
