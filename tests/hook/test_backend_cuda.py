@@ -1,7 +1,8 @@
 """The tracker's CUDA memory path, driven by a stand-in for ``torch.cuda``'s allocator statistics on CPU.
 
 No GPU here, so the caching allocator's counters are simulated and patched in where torch.cuda has
-them (``memory_stats``, ``memory_allocated``, ``max_memory_allocated``, ``reset_peak_memory_stats``):
+them (``memory_stats_as_nested_dict``, ``memory_allocated``, ``max_memory_allocated``,
+``reset_peak_memory_stats``):
 "allocated" is glibc's heap in use (minus a constant non-tensor base), and the peak is tracked after
 every aten op by a dispatch mode — the statistics a real caching allocator keeps. Through that, the
 tracker's CUDA arithmetic (phase peaks, temporaries, unattributed, allocator cache, CudaMemory) must
@@ -69,18 +70,23 @@ class SimulatedCuda(TorchDispatchMode):
         self.peak = self._now()
         self.resets.append(len(self.readings))
 
-    def memory_stats(self, device: Any = None) -> dict[str, int]:
+    def memory_stats_as_nested_dict(self, device: Any = None) -> dict[str, Any]:
         now = self._now()
         return {
-            "allocated_bytes.all.current": now,
-            "allocated_bytes.all.peak": self.peak,
-            "reserved_bytes.all.current": now + CACHE,
+            "allocated_bytes": {"all": {"current": now, "peak": self.peak}},
+            "reserved_bytes": {"all": {"current": now + CACHE}},
             "num_alloc_retries": 2,
             "num_ooms": 0,
         }
 
     def install(self, monkeypatch: pytest.MonkeyPatch) -> None:
-        for name in ("memory_allocated", "max_memory_allocated", "reset_peak_memory_stats", "memory_stats"):
+        names = (
+            "memory_allocated",
+            "max_memory_allocated",
+            "reset_peak_memory_stats",
+            "memory_stats_as_nested_dict",
+        )
+        for name in names:
             monkeypatch.setattr(torch.cuda, name, getattr(self, name))
 
 

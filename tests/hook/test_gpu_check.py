@@ -254,7 +254,30 @@ def test_the_pipeline_runs_every_check_and_fails_each_gpu_one_on_its_own(
     assert monitor and monitor[0].status == v.FAIL  # no driver here: NVML not available, said so
     # the monitor read the hook's socket: the training process is there, only NVML's figure is missing
     assert "listed among the training processes" in monitor[-1].detail
-    assert cuda.resets == 8  # the user's own resets, through the stand-in: 4 steps, two runs
+    # the user's own resets, through the stand-in: the unmeasured first run's 2 steps, then 4 steps of each
+    # compared run
+    assert cuda.resets == cli.WARMUP_RUN_STEPS + 8
+
+
+def test_the_compared_runs_follow_an_unmeasured_one(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    """A process's first run on a GPU pays the libraries' start-up inside its first step (seen on an H100 and
+    an H200: +30.5 MiB on step 0's peak, hook or not), so neither compared run may be the process's first."""
+    from anatomy.gpucheck import cli, workloads
+
+    runs: list[tuple[int, bool, bool]] = []
+    real = workloads.train
+
+    def counted(work: Any, hooked: bool, directory: Path, dev: torch.device) -> Any:
+        runs.append((work.steps, hooked, work.monitor))
+        return real(work, hooked, directory, dev)
+
+    monkeypatch.setattr(workloads, "train", counted)
+    StandInCuda().install(monkeypatch)
+    monkeypatch.setenv("ANATOMY_TOP_DIR", str(tmp_path / "run"))
+    verdicts = cli.check_workload(_tiny_workload(monitor=False), torch.device("cpu"))
+    assert runs == [(cli.WARMUP_RUN_STEPS, False, False), (4, False, False), (4, True, False)]
+    losses = {x.check: x for x in verdicts}["losses with hook = without"]
+    assert losses.status == v.PASS and "4 steps" in losses.detail
 
 
 def test_a_workload_that_cannot_run_fails_each_of_its_checks(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -296,13 +319,12 @@ def test_paged_state_tensors_are_their_own_figure_not_optimizer_states() -> None
 def test_the_hook_publishes_managed_memory_on_cuda(monkeypatch: pytest.MonkeyPatch) -> None:
     model, opt, paged = _paged_optimizer()
     stats = {
-        "allocated_bytes.all.current": 10 * MIB,
-        "allocated_bytes.all.peak": 12 * MIB,
-        "reserved_bytes.all.current": 16 * MIB,
+        "allocated_bytes": {"all": {"current": 10 * MIB, "peak": 12 * MIB}},
+        "reserved_bytes": {"all": {"current": 16 * MIB}},
         "num_alloc_retries": 0,
         "num_ooms": 0,
     }
-    monkeypatch.setattr(torch.cuda, "memory_stats", lambda device=None: dict(stats))
+    monkeypatch.setattr(torch.cuda, "memory_stats_as_nested_dict", lambda device=None: dict(stats))
     monkeypatch.setattr(torch.cuda, "memory_allocated", lambda device=None: 10 * MIB)
     # a CPU model measured as if on cuda:0 (the allocator's figures are the ones above); the host's clock
     tracker = anatomy.Tracker(
