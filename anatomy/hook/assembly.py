@@ -60,7 +60,10 @@ def stamp(rec: StepRecord, sums: Sums, batch: int | None) -> tuple[Any, ...]:
         rec.opt_begin,
         rec.grads if rec.grads is not None else sums.gradients,
         rec.opt_after if rec.opt_after is not None else sums.optimizer_states,
-        rec.heap_from if rec.heap_from is not None else rec.index,  # whose heap readings (CPU)
+        # whose heap readings (CPU); on CUDA every step reads the allocator, and its readings are the
+        # next two figures and the peak that StepSnapshots._repeat compares: not the step's number, or no
+        # CUDA step would ever repeat the last snapshot (each built anew: measured +0.9 ms a step on a GPU)
+        rec.heap_from if rec.heap_from is not None else (None if rec.cuda_start is not None else rec.index),
         rec.cuda_start,
         rec.cuda_end,  # the allocator statistics read (CUDA; once per publish interval)
     )

@@ -86,7 +86,13 @@ class StepSnapshots(PhaseHooks):
             return False
         if isinstance(memory, CudaBackend):
             start = rec.cuda_start
-            if start is None or not rec.cuda_peaks or memory.step_peak(rec, start) != memory.last_peak:
+            if start is None or not rec.cuda_peaks:
+                return False
+            # the same peak in the same phase; which step measured it may be this one (a user who resets
+            # the peak every step makes every step's exact): the repeated snapshot names the built one's
+            built_peak = memory.last_peak
+            peak, phase, _step = memory.step_peak(rec, start)
+            if built_peak is None or peak != built_peak[0] or phase is not built_peak[1]:
                 return False
         try:
             throughput = self._throughput
