@@ -77,3 +77,68 @@ def test_a_later_forward_begins_where_the_last_optimizer_step_ended() -> None:
     inside.marks = [(BEGIN, 0.0), (FORWARD_PRE, 0.1)]
     inside.later_forward()  # not after an optimizer step: no mark
     assert inside.kinds == [BEGIN, FORWARD_PRE]
+
+
+def test_a_cuda_mark_records_on_the_current_stream_made_only_when_it_changed(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Event.record() without a stream builds torch.cuda.current_stream() at every mark; the clock passes
+    the stream itself, looked up again only when the device or the current stream's handle changed (this
+    CPU build has neither binding: both are stood in for)."""
+    import torch
+
+    from anatomy.hook import timing
+
+    where = {"device": 0, "handle": 0}
+    made: list[tuple[int, int]] = []
+
+    def current_stream(device: int | None = None) -> tuple[int, int]:
+        made.append((where["device"], where["handle"]))
+        return made[-1]
+
+    recorded: list[object] = []
+
+    class Event:
+        def __init__(self, enable_timing: bool = False) -> None:
+            assert enable_timing
+
+        def record(self, stream: object = None) -> None:
+            recorded.append(stream)
+
+    monkeypatch.setattr(torch._C, "_cuda_getDevice", lambda: where["device"], raising=False)
+    monkeypatch.setattr(torch._C, "_cuda_getCurrentRawStream", lambda d: where["handle"], raising=False)
+    monkeypatch.setattr(torch.cuda, "current_stream", current_stream)
+    monkeypatch.setattr(torch.cuda, "Event", Event)
+    monkeypatch.setattr(timing, "_CURRENT_STREAM", None)
+    for _ in range(3):  # three steps of the same stream: one stream object
+        clock = timing.StepClock(cuda=True)
+        for kind in (timing.BEGIN, timing.FORWARD_PRE, timing.FORWARD_POST, timing.END):
+            clock.mark(kind)
+    assert made == [(0, 0)] and recorded == [(0, 0)] * 12
+    where["handle"] = 7  # the user's `with torch.cuda.stream(side):`
+    clock.mark(timing.END)
+    where["device"] = 1  # another device's legacy default stream: the same handle, 0, is another stream
+    where["handle"] = 0
+    clock.mark(timing.END)
+    assert made == [(0, 0), (0, 7), (1, 0)] and recorded[-2:] == [(0, 7), (1, 0)]
+
+
+def test_without_the_bindings_an_event_finds_its_stream_itself(monkeypatch: pytest.MonkeyPatch) -> None:
+    import torch
+
+    from anatomy.hook import timing
+
+    recorded: list[object] = []
+
+    class Event:
+        def __init__(self, enable_timing: bool = False) -> None:
+            pass
+
+        def record(self, *stream: object) -> None:
+            recorded.append(stream)
+
+    monkeypatch.delattr(torch._C, "_cuda_getCurrentRawStream", raising=False)
+    monkeypatch.setattr(torch.cuda, "Event", Event)
+    monkeypatch.setattr(timing, "_CURRENT_STREAM", None)
+    timing.StepClock(cuda=True).mark(timing.BEGIN)
+    assert recorded == [()]  # record() with no argument: torch.cuda.current_stream() inside
