@@ -172,20 +172,23 @@ class CudaBackend:
         return 0.0  # a boundary reading is a host-side counter (no walk)
 
     def phase_ends(self, rec: StepRecord, next_phase: Phase) -> None:
-        if not self._guard.ok(Feature.CUDA):
+        # (on the per-step path: the guard's section written out)
+        if Feature.CUDA in self._guard.off:
             return
-        with self._guard(Feature.CUDA):
-            now = self.allocator.reading()
+        try:
+            allocated, peak = self.allocator.current_and_peak()
             if rec.cuda_start is None:
-                rec.cuda_start = now.allocated
-            elif now.peak > rec.cuda_high:  # the maximum was reached in this phase
-                rec.cuda_peaks.append(PhasePeak(rec.cuda_phase, now.peak, exact=True))
+                rec.cuda_start = allocated
+            elif peak > rec.cuda_high:  # the maximum was reached in this phase
+                rec.cuda_peaks.append(PhasePeak(rec.cuda_phase, peak, exact=True))
             else:  # below the high (or the user reset the peak meanwhile): the boundaries bound it
-                bound = max(rec.cuda_phase_start, now.allocated, now.peak if now.peak < rec.cuda_high else 0)
+                bound = max(rec.cuda_phase_start, allocated, peak if peak < rec.cuda_high else 0)
                 rec.cuda_peaks.append(PhasePeak(rec.cuda_phase, bound, exact=False))
-            rec.cuda_high = now.peak
-            rec.cuda_phase_start = now.allocated
+            rec.cuda_high = peak
+            rec.cuda_phase_start = allocated
             rec.cuda_phase = next_phase
+        except Exception as exc:
+            self._guard.fail(Feature.CUDA, exc)
 
     def step_ends(self, rec: StepRecord, stats_due: bool) -> int | None:
         self.phase_ends(rec, Phase.OTHER)
