@@ -52,6 +52,7 @@ Usage:
   python benchmarks/bench_hook_sweep.py --quick                  # ~2 minutes
   python benchmarks/bench_hook_sweep.py --loops plain --depths 2,32,96 --json out.json
   python benchmarks/bench_hook_sweep.py --only llama --depths 8 --loops trainer,lightning --rounds 300
+  python benchmarks/bench_hook_sweep.py --device cuda --loops plain --depths 2,8,32 --widths ""  # on a GPU
 """
 
 from __future__ import annotations
