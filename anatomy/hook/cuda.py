@@ -37,14 +37,12 @@ _TORCH_NESTED: Any = getattr(torch.cuda, "memory_stats_as_nested_dict", None)
 _RAW: Any = getattr(torch._C, "_cuda_memoryStats", None)
 
 
-def _all(stats: dict[str, Any], name: str, field: str) -> int:
-    """``stats[name]["all"][field]`` — the flat key ``"<name>.all.<field>"`` of ``memory_stats()`` — or 0
-    where the allocator has no such figure (CUDA not initialized: an empty dictionary)."""
-    pools = stats.get(name)
-    if not isinstance(pools, dict):
-        return 0
-    every = pools.get("all")
-    return int(every.get(field, 0)) if isinstance(every, dict) else 0
+def _all_pools(stats: dict[str, Any], name: str) -> dict[str, Any]:
+    """``stats[name]["all"]`` — the counters behind the flat keys ``"<name>.all.*"`` of ``memory_stats()`` —
+    or an empty dictionary where the allocator has no such figure (CUDA not initialized: ``stats`` is {})."""
+    pools = stats.get(name, _EMPTY)
+    every = pools.get("all", _EMPTY) if isinstance(pools, dict) else _EMPTY
+    return every if isinstance(every, dict) else _EMPTY
 
 
 class CudaAllocator:
@@ -68,20 +66,21 @@ class CudaAllocator:
         return nested(self.device)
 
     def allocated(self) -> int:
-        return _all(self._stats(), "allocated_bytes", "current")
+        return int(_all_pools(self._stats(), "allocated_bytes").get("current", 0))
 
     def current_and_peak(self) -> tuple[int, int]:
         """Allocated now, and the process-wide peak since the last reset (by anyone but us): the one read
         of a phase's end, on the per-step path (no object made beyond the allocator's own dictionary)."""
-        every = self._stats().get("allocated_bytes", _EMPTY).get("all", _EMPTY)
+        every = _all_pools(self._stats(), "allocated_bytes")
         return int(every.get("current", 0)), int(every.get("peak", 0))
 
     def stats(self) -> CudaStats:
         s = self._stats()
+        allocated = _all_pools(s, "allocated_bytes")
         return CudaStats(
-            allocated=_all(s, "allocated_bytes", "current"),
-            reserved=_all(s, "reserved_bytes", "current"),
-            peak_allocated=_all(s, "allocated_bytes", "peak"),
+            allocated=int(allocated.get("current", 0)),
+            reserved=int(_all_pools(s, "reserved_bytes").get("current", 0)),
+            peak_allocated=int(allocated.get("peak", 0)),
             alloc_retries=int(s.get("num_alloc_retries", 0)),
             ooms=int(s.get("num_ooms", 0)),
         )
