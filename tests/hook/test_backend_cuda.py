@@ -29,6 +29,7 @@ from anatomy.hook.heap import HostHeap
 from anatomy.hook.timing import StepClock
 from anatomy.peaks import peak_flops
 from anatomy.vocabulary import Component, Precision
+from tests.hook.cuda_standins import nested_stats
 
 cuda_hello: list[Any] = []
 CACHE = 3 * 1024 * 1024  # the simulated allocator keeps this much reserved beyond what is allocated
@@ -72,12 +73,7 @@ class SimulatedCuda(TorchDispatchMode):
 
     def memory_stats_as_nested_dict(self, device: Any = None) -> dict[str, Any]:
         now = self._now()
-        return {
-            "allocated_bytes": {"all": {"current": now, "peak": self.peak}},
-            "reserved_bytes": {"all": {"current": now + CACHE}},
-            "num_alloc_retries": 2,
-            "num_ooms": 0,
-        }
+        return nested_stats(now, self.peak, reserved=now + CACHE, retries=2)
 
     def install(self, monkeypatch: pytest.MonkeyPatch) -> None:
         names = (

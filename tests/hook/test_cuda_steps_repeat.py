@@ -18,6 +18,7 @@ from anatomy.hook.backend import CudaBackend
 from anatomy.hook.cuda import CudaAllocator
 from anatomy.hook.guard import Guard
 from anatomy.hook.timing import StepClock
+from tests.hook.cuda_standins import nested_stats
 
 MIB = 1 << 20
 
@@ -46,12 +47,7 @@ class Allocator:
         self.peak = 180 * MIB
 
     def nested(self, device: Any = None) -> dict[str, Any]:
-        return {
-            "allocated_bytes": {"all": {"current": self.allocated, "peak": self.peak}},
-            "reserved_bytes": {"all": {"current": 256 * MIB}},
-            "num_alloc_retries": 0,
-            "num_ooms": 0,
-        }
+        return nested_stats(self.allocated, self.peak, reserved=256 * MIB)
 
 
 @pytest.fixture

@@ -24,6 +24,7 @@ from anatomy.hook.paged import paged_state_bytes
 from anatomy.hook.tensors import optimizer_state_bytes
 from anatomy.protocol import CudaMemory
 from anatomy.vocabulary import Component
+from tests.hook.cuda_standins import nested_stats
 from tui.report.anatomy_json import reconciled_dict
 from tui.sources.reconcile import reconcile
 
@@ -318,12 +319,7 @@ def test_paged_state_tensors_are_their_own_figure_not_optimizer_states() -> None
 
 def test_the_hook_publishes_managed_memory_on_cuda(monkeypatch: pytest.MonkeyPatch) -> None:
     model, opt, paged = _paged_optimizer()
-    stats = {
-        "allocated_bytes": {"all": {"current": 10 * MIB, "peak": 12 * MIB}},
-        "reserved_bytes": {"all": {"current": 16 * MIB}},
-        "num_alloc_retries": 0,
-        "num_ooms": 0,
-    }
+    stats = nested_stats(10 * MIB, 12 * MIB, reserved=16 * MIB)
     monkeypatch.setattr(torch.cuda, "memory_stats_as_nested_dict", lambda device=None: dict(stats))
     monkeypatch.setattr(torch.cuda, "memory_allocated", lambda device=None: 10 * MIB)
     # a CPU model measured as if on cuda:0 (the allocator's figures are the ones above); the host's clock
