@@ -1,12 +1,14 @@
-"""How a step begins, and how an ordinary one ends in O(1).
+"""How a step begins and ends: in full, or as an ordinary step in O(1).
 
 A step begins in :meth:`OrdinarySteps._begin`: the schedule's checks, the re-sums, the heap's first read
 and a sampled step's instruments, where any is due — or, on an ordinary step (nothing due by the step
-count, no change seen, timed on the host), nothing but a record (the one of the step before last, reset)
-and a clock mark. Such a step stays ``plain`` while its hooks only mark its phases, and ends in
-:meth:`OrdinarySteps._end_plain`: its numbers go to the step feed as one row of floats, no snapshot and
-no object made; the snapshot (the last one built, with the step's number, time and timing) is made from
-the row only where one is wanted (:mod:`anatomy.step_feed`).
+count, no change seen, timed on the host), nothing but a :class:`~anatomy.hook.lean.LeanStep` begun (no
+record made) and the clock read. The hooks move it through the usual step; it ends in O(1)
+(:meth:`OrdinarySteps._end_ordinary`): its numbers go to the step feed as one row of floats, no snapshot
+and no object made; the snapshot (the last one built, with the step's number, time and timing) is made
+from the row only where one is wanted (:mod:`anatomy.step_feed`). A step that became a record while it
+measured nothing ends the same way (:meth:`OrdinarySteps._end_plain`); any other ends in full
+(:meth:`OrdinarySteps._finish`).
 
 A layer of :class:`~anatomy.hook.tracker.Tracker` (see :mod:`anatomy.hook.tracker_state`), above the
 snapshots (:mod:`anatomy.hook.snapshots`); the step's life cycle (:mod:`anatomy.hook.tracker`) is above it.
@@ -18,11 +20,15 @@ import math
 import time
 from time import perf_counter
 
+from anatomy.hook.backend import HeapBackend, MemoryBackend
+from anatomy.hook.distributed import communication_bytes, ddp_buckets
 from anatomy.hook.guard import Feature
+from anatomy.hook.lean import BEGUN
 from anatomy.hook.record import StepRecord
 from anatomy.hook.sampled import TRACE
-from anatomy.hook.schedule import RECENT_STEPS, REFRESH
+from anatomy.hook.schedule import HEAP, RECENT_STEPS, REFRESH, SAMPLED
 from anatomy.hook.snapshots import StepSnapshots
+from anatomy.hook.split import explained_after_optimizer, held_after_optimizer, step_parts
 from anatomy.hook.timing import (
     BEGIN,
     END,
@@ -34,8 +40,12 @@ from anatomy.hook.timing import (
     durations_from_marks,
 )
 from anatomy.step_feed import MASK, PEAK, WIDTH
+from anatomy.vocabulary import Phase
 
 _NAN = math.nan
+# An ordinary step begins and ends in O(1) (on a LeanStep); off, every step goes the full way — what the
+# tests compare the O(1) path with.
+ORDINARY_IN_O1 = True
 
 
 class OrdinarySteps(StepSnapshots):
@@ -51,31 +61,21 @@ class OrdinarySteps(StepSnapshots):
             # the schedule's checks); a change the hooks saw, or a re-sum forced, is not ordinary.
             quiet = index < self._quiet_until and index != self._forced_refresh
             quiet = quiet and not self._model_watch.suspect
-            if quiet and self._plain_ok:
+            if quiet and self._plain_ok and not self._counter.active:
                 # An ordinary step on the host clock: begun in O(1) if the probe parameter has not moved
-                # (the look _model_changed takes, written out).
+                # (the look _model_changed takes, written out), as a lean step (the one before it kept).
                 probe = self._probe_ref() if self._probe_ref is not None else None
                 if probe is not None and probe.data_ptr() == self._probe_data:
-                    rec = self._spare
-                    if rec is not None:  # the record of the step before the last, ended plain: reused
-                        self._spare = None
-                        rec.index, rec.auto, rec.samples, rec.tokens = index, auto, samples, tokens
-                        rec.micro = rec.samples_seen = rec.tokens_seen = rec.in_forward = 0
-                        rec.grads = rec.opt_after = None
-                        rec.optimizer_ran = rec.in_optimizer = rec.updated = rec.suspended = False
-                        rec.recall = rec.counting = rec.window = False
-                        rec.blocks = 1
-                        rec.clock.marks.clear()
-                    else:
-                        rec = StepRecord(index, auto, samples, tokens, StepClock(False))
-                        rec.quiet = rec.plain = True
-                        rec.heap_on = False
+                    lean = self._lean_other
+                    self._lean_other = self._lean
+                    self._lean = lean
+                    lean.index, lean.auto, lean.samples, lean.tokens = index, auto, samples, tokens
+                    lean.stage = BEGUN
                     sums = self._sums
-                    rec.opt_begin = sums.optimizer_states
-                    rec.grads_begin = sums.gradients if probe.grad is not None else 0
-                    self._step = rec
-                    rec.started = now = perf_counter()
-                    rec.clock.marks.append((BEGIN, now))
+                    lean.opt_begin = sums.optimizer_states
+                    lean.grads_begin = sums.gradients if probe.grad is not None else 0
+                    lean.active = True
+                    lean.started = perf_counter()
                     return
             if self._model_changed(index, quiet):  # a new head, an untied embedding, .to(): all sums anew
                 self._forced_refresh = index
@@ -111,34 +111,106 @@ class OrdinarySteps(StepSnapshots):
         except Exception as exc:
             self._guard.fail(Feature.STEP, exc)
 
+    def _finish(self, rec: StepRecord, exc: BaseException | None) -> None:
+        if rec.trace is not None:  # entered after the profiler: leaves first
+            self._stop_trace(rec)
+        if rec.profiler is not None:
+            self._stop_profiler(rec, exc)
+        off = self._guard.off
+        if Feature.TIMING not in off:
+            rec.clock.mark(END)
+        memory = self._memory
+        if memory is not None and not rec.optimizer_ran and rec.heap_on:
+            # otherwise the optimizer's readings already cover the step's end
+            memory.read(
+                rec, Phase.OTHER, explained_after_optimizer(rec), held_after_optimizer(rec, self._sums)
+            )
+        since_built = perf_counter() - self._last_built
+        due = exc is not None or self._steps_done == 0 or since_built >= self.interval_s
+        if memory is not None:
+            heap_step = memory.step_ends(rec, stats_due=due)
+            if heap_step is not None:
+                self._schedule.heap_step = heap_step
+            if memory.runtime is None and rec.heap_from is None and isinstance(memory, HeapBackend):
+                comm = communication_bytes(self._sums.buckets, rec.grads_begin) or 0
+                # other models built before the first step are named, not runtime
+                memory.measure_runtime(rec, step_parts(rec, self._sums), comm + self._sums.other_models)
+        if rec.refresh or rec.index == self._forced_refresh:
+            self._sums.step = rec.index  # (what it re-summed: the figures' step)
+        if (rec.refresh or rec.index == self._forced_refresh) and Feature.GRADIENTS not in off:
+            with self._guard(Feature.GRADIENTS):  # DDP's buckets, rebuilt after the first backward
+                self._sums.buckets = ddp_buckets(self.model) or self._zero_buckets()
+            if rec.grads is None and Feature.GRADIENTS not in off:
+                # No optimizer hook saw this step: gradients as they are now.
+                with self._guard(Feature.GRADIENTS):
+                    rec.grads = self._gradient_bytes()
+                    self._sums.gradients = rec.grads
+        self._steps_done += 1
+        if rec.started:  # (the budget's clock: the time steps take)
+            self._schedule.trained_s += perf_counter() - rec.started
+        # (a step begun by begin_step: the next begin_step looks, before the next forward)
+        if rec.auto and not self._compile_safe and self._compiled():
+            self._keep_out_of_compile()
+        if rec.heap_on or rec.began_s:
+            self._charge(rec, memory)
+        throughput = self._throughput
+        throughput.step_finished(rec)
+        groups_step = throughput.op_groups_step
+        throughput.resolve()
+        self._finished = rec
+        self._finished_lean = False
+        if self._steps_done >= self._quiet_until:  # (the steps per interval: as of this step's time)
+            self._quiet_until = self._schedule.quiet_until(self._steps_done, self._looked_at)
+        if self._episode:  # a sampled episode in progress: its next piece on the next step
+            self._quiet_until = self._steps_done
+        build = exc is not None or self._steps_done == 1 or since_built >= self._rebuild_after_s
+        if build or groups_step != throughput.op_groups_step or not self._repeat(rec):
+            self._build(rec)
+            self._publish_latest()
+        # The next ordinary step may end in O(1) (Tracker._end_plain) where it is timed on the host and
+        # nothing of an earlier step is still to be resolved.
+        off = self._guard.off
+        self._plain_ok = (
+            ORDINARY_IN_O1
+            and self._step_clock is StepClock
+            and not self._cuda_events
+            and (memory is None or not memory.is_cuda)
+            and self._probe_data is not None
+            and self._zero_ref is None
+            and Feature.TIMING not in off
+            and Feature.CHANGES not in off
+            and throughput.idle
+            and self._latest is not None
+        )
+        shape = self._schedule.input_shape if self._batch_shape is not None else None
+        if shape != self._lean.shape:  # the batch shape an ordinary step's forward may have
+            self._lean.learn_shape(shape)
+            self._lean_other.learn_shape(shape)
+
+    def _charge(self, rec: StepRecord, memory: MemoryBackend | None) -> None:
+        """What this step's optional work cost, to the schedule's budget."""
+        sched = self._schedule
+        if memory is not None and rec.heap_on:
+            sched.charge(HEAP, memory.take_spent(), rec.index)
+        if rec.began_s:  # a sampled step: the profiler and the trace cost what the step took beyond the usual
+            took = time.perf_counter() - rec.began_s
+            sched.charge(SAMPLED, max(took - sched.median_step_s, 0.0), rec.index)
+
     def _end_plain(self, rec: StepRecord) -> bool:
-        """An ordinary step ends in O(1): its numbers go to the step feed as a row (the snapshot the last
-        one built, with this step's number, time and timing, is made from it only where it is wanted).
-        Only where every other figure would come out the same as the last build's — the step stayed
-        plain, the same micro-batches, batch size and gradients at its start, no new error, no change
-        waiting to be published; False: the step ends the full way."""
-        if rec.window or rec.in_forward or rec.index == self._forced_refresh or self._hello_stale:
-            return False
-        if rec.micro != self._base_micro or rec.grads_begin != self._base_grads_begin:
-            return False
-        if self._guard.version != self._built_errors:
+        """An ordinary step that became a record (something beyond the usual step happened, yet nothing
+        was measured) ends in O(1) all the same where :meth:`_end_ordinary` allows; False: the full way."""
+        if rec.window or rec.in_forward:
             return False
         samples = rec.samples if rec.samples is not None else self._throughput.default_samples
         if samples is None:
             samples = rec.samples_seen or None
-        if samples != self._base_samples:
-            return False
+        tokens = rec.tokens if rec.tokens is not None else self._throughput.default_tokens
+        if tokens is None:
+            tokens = rec.tokens_seen
         t = perf_counter()
-        if t - self._last_built >= self._rebuild_after_s:
-            return False
-        self._step = None
-        index = rec.index
-        self._steps_done = index + 1
         marks = rec.clock.marks
-        marks.append((END, t))
-        step_s = t - marks[0][1]
         if (
-            len(marks) == 6
+            len(marks) == 5
             and marks[1][0] is FORWARD_PRE
             and marks[2][0] is FORWARD_POST
             and marks[3][0] is OPTIMIZER_PRE
@@ -148,20 +220,68 @@ class OrdinarySteps(StepSnapshots):
             backward_s = marks[3][1] - marks[2][1]
             optimizer_s = marks[4][1] - marks[3][1]
         else:
-            d = durations_from_marks(marks)
+            d = durations_from_marks([*marks, (END, t)])
             forward_s = backward_s = optimizer_s = _NAN
             if d is not None:
                 forward_s = _NAN if d.forward_s is None else d.forward_s
                 backward_s = _NAN if d.backward_s is None else d.backward_s
                 optimizer_s = _NAN if d.optimizer_s is None else d.optimizer_s
+        index = rec.index
+        if not self._end_ordinary(
+            index,
+            rec.auto,
+            rec.micro,
+            rec.grads_begin,
+            samples,
+            tokens,
+            marks[0][1],
+            t,
+            forward_s,
+            backward_s,
+            optimizer_s,
+        ):
+            return False
+        self._step = None
+        marks.append((END, t))
+        last = self._finished
+        if last is not None and last.plain and not self._finished_lean:  # (referenced nowhere else)
+            self._spare = last
+        self._finished = rec
+        self._finished_lean = False
+        return True
+
+    def _end_ordinary(
+        self,
+        index: int,
+        auto: bool,
+        micro: int,
+        grads_begin: int,
+        samples: int | None,
+        tokens: int | None,
+        started: float,
+        t: float,
+        forward_s: float,
+        backward_s: float,
+        optimizer_s: float,
+    ) -> bool:
+        """An ordinary step ends in O(1): its numbers go to the step feed as a row (the snapshot the last
+        one built, with this step's number, time and timing, is made from it only where it is wanted).
+        Only where every other figure would come out the same as the last build's — the same
+        micro-batches, batch size and gradients at its start, no new error, no change waiting to be
+        published; False: the step ends the full way (nothing done here)."""
+        if index == self._forced_refresh or self._hello_stale or micro != self._base_micro:
+            return False
+        if grads_begin != self._base_grads_begin or self._guard.version != self._built_errors:
+            return False
+        if samples != self._base_samples or t - self._last_built >= self._rebuild_after_s:
+            return False
+        self._steps_done = index + 1
+        step_s = t - started
         sched = self._schedule
         sched.trained_s += step_s  # (the budget's clock)
         if step_s > 0:  # the schedule's pace (Schedule.note_step_s, written out)
             sched.recent_step_s[sched.noted % RECENT_STEPS] = step_s
             sched.noted += 1
-        tokens = rec.tokens if rec.tokens is not None else self._throughput.default_tokens
-        if tokens is None:
-            tokens = rec.tokens_seen
         seq = self._seq = self._seq + 1
         # The row (StepFeed.put, written out: floats into the preallocated ring, no object made).
         feed = self._feed
@@ -180,12 +300,27 @@ class OrdinarySteps(StepSnapshots):
         v[o + PEAK] = self._base_peak
         feed.bases[w & MASK] = self._latest
         feed.written = w + 1
-        last = self._finished
-        if last is not None and last.plain:  # (a record that ended plain is referenced nowhere else)
-            self._spare = last
-        self._finished = rec
         if index + 1 >= self._quiet_until:
             self._quiet_until = self._schedule.quiet_until(index + 1, self._looked_at)
-        if rec.auto and not self._compile_safe and self._compiled():
+        if auto and not self._compile_safe and self._compiled():
             self._keep_out_of_compile()
         return True
+
+    def _promote(self) -> StepRecord:
+        """The lean step in progress goes on as a record, on the general path."""
+        lean = self._lean
+        sums = self._sums
+        rec = lean.record(self._spare, sums.gradients, sums.optimizer_states)
+        lean.active = False
+        self._spare = None
+        self._step = rec
+        return rec
+
+    def _last_record(self) -> StepRecord | None:
+        """The last finished step's record (made from its lean state where it ended lean)."""
+        if self._finished_lean:
+            lean = self._lean_other if self._lean.active else self._lean
+            sums = self._sums
+            self._finished = lean.record(None, sums.gradients, sums.optimizer_states)
+            self._finished_lean = False
+        return self._finished

@@ -1,6 +1,7 @@
 """The tracker's phase hooks: what happens at each boundary inside a step — the forward's start and end,
 a backward's end, the optimizer's step (with or without a closure). An ordinary step's path through
-each (``StepRecord.plain``) marks the phase and touches nothing else.
+each moves its :class:`~anatomy.hook.lean.LeanStep` on a stage and reads the clock, nothing else; what
+the usual step does not do makes it a record (``StepRecord.plain`` while it measures nothing).
 
 A layer of :class:`~anatomy.hook.tracker.Tracker` (see :mod:`anatomy.hook.tracker_state`). The hooks
 run on every step: each is one guarded section (the guard's contract) and spares every call it can.
@@ -9,7 +10,6 @@ run on every step: each is one guarded section (the guard's contract) and spares
 from __future__ import annotations
 
 import logging
-from collections.abc import Mapping
 from time import perf_counter
 from typing import Any
 
@@ -19,13 +19,13 @@ from anatomy.hook.detect import active_autocast_dtype
 from anatomy.hook.guard import Feature
 from anatomy.hook.held import Held
 from anatomy.hook.hello import target_shape
+from anatomy.hook.lean import BEGUN, FORWARD_DONE, IN_FORWARD, IN_OPTIMIZER, UPDATED
 from anatomy.hook.record import StepRecord
-from anatomy.hook.sampled import SampledSteps
 from anatomy.hook.saved_values import input_storage_keys
-from anatomy.hook.schedule import COUNT
 from anatomy.hook.split import explained_after_optimizer, held_after_optimizer
 from anatomy.hook.step_context import wrap_closure
 from anatomy.hook.timing import BACKWARD_END, FORWARD_POST, FORWARD_PRE, OPTIMIZER_POST, OPTIMIZER_PRE
+from anatomy.hook.window import CountingWindow
 from anatomy.vocabulary import Phase
 
 log = logging.getLogger("anatomy")
@@ -36,33 +36,52 @@ UNSEEN_UPDATES_WARNING = 3  # updates without any step seen before the tracker s
 BATCH_KEYS = ("input_ids", "inputs_embeds", "pixel_values", "input_values", "input_features", "x", "input")
 
 
-def first_tensor(args: tuple[Any, ...], kwargs: Mapping[str, Any]) -> torch.Tensor | None:
-    """The forward's batch tensor: the usual keyword names first, then the first positional tensor."""
-    for key in BATCH_KEYS:
-        value = kwargs.get(key)
-        if isinstance(value, torch.Tensor):
-            return value
-    for value in args:
-        if isinstance(value, torch.Tensor):
-            return value
-    return None
-
-
-class PhaseHooks(SampledSteps):
+class PhaseHooks(CountingWindow):
     """The boundaries inside a step (the sampled step's instruments below them)."""
 
     # -- hooks -------------------------------------------------------------------------------------
 
     def _on_forward_pre(self, module: torch.nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
         count = reached = False
-        off = self._guard.off
         rec = None
+        lean = self._lean
         try:
-            rec = self._step
-            if rec is None:
+            if not lean.active and self._step is None:
                 if self._explicit or self._closed or not (torch.is_grad_enabled() and module.training):
                     return
                 self._begin(auto=True)
+                lean = self._lean
+            x = None  # the batch tensor (first_tensor, written out)
+            if kwargs:
+                for key in BATCH_KEYS:
+                    value = kwargs.get(key)
+                    if isinstance(value, torch.Tensor):
+                        x = value
+                        break
+            if x is None:
+                for value in args:
+                    if isinstance(value, torch.Tensor):
+                        x = value
+                        break
+            if lean.active:
+                if not torch.is_grad_enabled():
+                    return  # (a forward outside the step's graph)
+                if lean.stage == BEGUN and x is not None and x.shape == lean.shape:
+                    # The usual step's forward on the batch shape counted last: nothing is due.
+                    regs = self._model_watch.registrations
+                    if regs is not None:
+                        regs.pop(self._model_watch.key, None)  # (ModelWatch.pause, written out)
+                    if lean.samples is None or lean.tokens is None:
+                        lean.samples_seen = lean.shape_samples
+                        tokens = lean.shape_tokens
+                        lean.tokens_seen = tokens if tokens and not x.is_floating_point() else 0
+                    else:
+                        lean.samples_seen = lean.tokens_seen = 0
+                    lean.stage = IN_FORWARD
+                    lean.forward_pre = perf_counter()
+                    return
+                rec = self._promote()
+            else:
                 rec = self._step
                 if rec is None:
                     return
@@ -81,18 +100,7 @@ class PhaseHooks(SampledSteps):
                 rec.micro += 1
             if rec.window or self._counter.active:
                 self._close_window(rec)  # an earlier micro-batch's, left open after its forward
-            x = None  # the batch tensor (first_tensor, written out)
-            if kwargs:
-                for key in BATCH_KEYS:
-                    value = kwargs.get(key)
-                    if isinstance(value, torch.Tensor):
-                        x = value
-                        break
-            if x is None:
-                for value in args:
-                    if isinstance(value, torch.Tensor):
-                        x = value
-                        break
+            off = self._guard.off
             shape = x.shape if x is not None else None
             if shape is not None and self._batch_shape is None:
                 # once: a shape that varies per step must not resend the hello
@@ -146,6 +154,15 @@ class PhaseHooks(SampledSteps):
                 rec.piece.model_begins()
 
     def _on_forward_post(self, module: torch.nn.Module, args: tuple[Any, ...], output: Any) -> None:
+        lean = self._lean
+        if lean.active:
+            if lean.stage == IN_FORWARD:
+                lean.stage = FORWARD_DONE
+                watch = self._model_watch
+                if watch.registrations is not None and not watch.closed:
+                    watch.registrations[watch.key] = watch.hook  # (ModelWatch.resume, written out)
+                lean.forward_post = perf_counter()
+            return  # (otherwise not in the forward)
         try:
             rec = self._step
             if rec is None or rec.in_forward == 0:
@@ -195,6 +212,8 @@ class PhaseHooks(SampledSteps):
         the model's submodules (``self.model(...)``) rather than the model's own forward. The model's
         forward hooks inside it nest and are not counted twice. ``batch``: its first tensor gives the
         micro-batch's size."""
+        if self._lean.active:
+            self._promote()
         if not self.enabled or self._step is None:
             return
         args = (batch,) if isinstance(batch, torch.Tensor) else ()
@@ -202,6 +221,8 @@ class PhaseHooks(SampledSteps):
 
     def forward_end(self) -> None:
         """The framework's forward is done (its loss exists; Lightning's ``on_before_backward``)."""
+        if self._lean.active:
+            self._promote()
         rec = self._step
         if not self.enabled or rec is None or rec.in_forward != 1:
             return
@@ -210,6 +231,8 @@ class PhaseHooks(SampledSteps):
     def backward_begin(self) -> None:
         """The framework's loss goes to backward (Lightning's ``on_before_backward``): its forward is done,
         also a later one of the same step that began after an optimizer step (manual optimization)."""
+        if self._lean.active:
+            self._promote()
         rec = self._step
         later = rec is not None and not rec.in_forward and rec.optimizer_ran and not rec.in_optimizer
         if self.enabled and later and rec is not None:
@@ -217,49 +240,21 @@ class PhaseHooks(SampledSteps):
                 rec.clock.later_forward()
         self.forward_end()
 
-    def _record_count(self, rec: StepRecord) -> None:
-        """The micro-batch's window closed: keep the largest micro-batch's counts."""
-        rec.window = False
-        counter, sums = self._counter, self._sums
-        acts = counter.activation_bytes
-        rec.activations = acts if rec.activations is None else max(rec.activations, acts)
-        rec.weight_copies = max(rec.weight_copies, counter.weight_copy_bytes)
-        rec.inputs = max(rec.inputs, counter.input_bytes)
-        sums.activations, sums.weight_copies, sums.inputs = rec.activations, rec.weight_copies, rec.inputs
-        self._schedule.counted_step = rec.index
-        self._schedule.charge(COUNT, counter.spent_s, rec.index)
-        counter.spent_s = 0.0
-        if counter.weight_copy_dtype is not None and counter.weight_copy_dtype != self._autocast_dtype:
-            self._autocast_dtype = counter.weight_copy_dtype
-            self._hello_changed()
-
-    def _record_unsharded(self, rec: StepRecord) -> None:
-        """FSDP's gathered parameters still held as the forward returns (the root's, or every layer's
-        without reshard_after_forward): what stays allocated into backward. Read here, not when the window
-        closes — that may be after backward, once FSDP has resharded everything."""
-        counter = self._counter
-        if not counter.unsharded_seen:
-            return
-        held = counter.unsharded_held_bytes(self.model.parameters())
-        rec.unsharded = held if rec.unsharded is None else max(rec.unsharded, held)
-        self._sums.unsharded = rec.unsharded
-
-    def _close_window(self, rec: StepRecord) -> None:
-        """Close the counting window at the step's next boundary (a backward's end, the optimizer, the
-        next micro-batch, the step's end): what the loss saved after the model's forward is in it."""
-        counter = self._counter
-        if not rec.window and not counter.active:
-            return
-        with self._guard(Feature.ACTIVATIONS):
-            counter.stop()
-        if rec.window:
-            self._record_count(rec)
-
     def _on_optimizer_pre(self, optimizer: Any, args: Any, kwargs: Any) -> tuple[Any, Any] | None:
         """An optimizer step begins. With a closure (LBFGS, Lightning), forward and backward run inside
         the step: the optimizer phase begins when the closure returns, so the closure is wrapped — the
         wrapper calls the user's closure once per call, returns what it returns and lets its exceptions
         through unchanged."""
+        lean = self._lean
+        if lean.active:
+            if not kwargs and len(args) <= 1:  # (no closure)
+                if lean.stage == FORWARD_DONE and lean.index != self._forced_refresh:
+                    lean.stage = IN_OPTIMIZER  # the usual step's optimizer phase begins
+                    lean.optimizer_pre = perf_counter()
+                    return None
+                if lean.stage == IN_OPTIMIZER:
+                    return None  # (begun already, by a framework's callback)
+            self._promote()
         wrapped = None
         if kwargs or len(args) > 1:  # (a plain ``step()`` gets only the optimizer: nothing to look at)
             with self._guard(Feature.OPTIMIZER):
@@ -285,6 +280,15 @@ class PhaseHooks(SampledSteps):
         return None
 
     def _on_optimizer_post(self, optimizer: Any, args: Any, kwargs: Any) -> None:
+        lean = self._lean
+        if lean.active:
+            if lean.stage == IN_OPTIMIZER:
+                lean.stage = UPDATED
+                lean.optimizer_post = perf_counter()
+                if lean.auto:
+                    self.end_step()
+                return
+            self._promote()
         rec = self._step
         if rec is None and not self._explicit and not self._closed:
             self._unseen_updates += 1
@@ -316,6 +320,8 @@ class PhaseHooks(SampledSteps):
     def closure_begin(self) -> None:
         """A closure passed to the optimizer's step starts (its forward). Called again inside the same
         optimizer step (LBFGS re-evaluates), the optimizer phase pauses for it."""
+        if self._lean.active:
+            self._promote()
         rec = self._step
         if not self.enabled or rec is None or not rec.in_optimizer:
             return
@@ -329,6 +335,8 @@ class PhaseHooks(SampledSteps):
 
     def backward_end(self) -> None:
         """A micro-batch's backward is done (the Trainer's ``on_substep_end``): its gradients exist."""
+        if self._lean.active:
+            self._promote()
         rec = self._step
         if not self.enabled or rec is None or rec.in_forward or rec.suspended:
             return
@@ -352,6 +360,15 @@ class PhaseHooks(SampledSteps):
     def optimizer_begin(self) -> None:
         """Gradients are complete: measure them, and start the optimizer phase. Called by the
         optimizer's step pre-hook; the Trainer callback calls it too (a second call is ignored)."""
+        lean = self._lean
+        if lean.active:
+            if lean.stage == FORWARD_DONE and lean.index != self._forced_refresh:
+                lean.stage = IN_OPTIMIZER  # the usual step's optimizer phase begins
+                lean.optimizer_pre = perf_counter()
+                return
+            if lean.stage == IN_OPTIMIZER:
+                return
+            self._promote()
         rec = self._step
         if not self.enabled or rec is None or rec.in_optimizer or rec.in_forward:
             return
@@ -403,6 +420,11 @@ class PhaseHooks(SampledSteps):
 
     def optimizer_end(self) -> None:
         """The optimizer step is done: its states exist now. Ends an automatic step."""
+        lean = self._lean
+        if lean.active:
+            if lean.stage == UPDATED:
+                return  # (ended already, by the optimizer's own hook)
+            self._promote()
         rec = self._step
         if not self.enabled or rec is None or not rec.in_optimizer:
             return

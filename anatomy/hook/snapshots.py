@@ -59,7 +59,7 @@ class StepSnapshots(PhaseHooks):
     def rebuild(self) -> Snapshot | None:
         """The last finished step's snapshot built in full now, as a step that measured would be (an
         ordinary step's snapshot is the last one repeated, which this equals); it becomes the latest."""
-        rec = self._finished
+        rec = self._last_record()
         if rec is None:
             return self.latest
         if rec.plain:  # an ordinary step ended in O(1): what its full end would have added, now
@@ -245,7 +245,7 @@ class StepSnapshots(PhaseHooks):
             return self._oom_path  # already written for this exception (step, then tracker, exit)
         self._oom_recorded = id(exc)
         with self._guard(Feature.OOM):
-            snap = self._build(self._finished, oom=f"{type(exc).__name__}: {exc}")
+            snap = self._build(self._last_record(), oom=f"{type(exc).__name__}: {exc}")
             if snap is None:
                 return None
             self._oom_path = self._channel.write_oom(snap, self.hello)

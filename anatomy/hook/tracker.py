@@ -13,9 +13,10 @@ else runs when (saved-tensor counting, heap reads, re-sums, sampled steps) is
 This module keeps the step's life cycle — where a step begins, goes on over step blocks, ends or is
 dropped — and ``track()``. The :class:`Tracker` is built in layers below it (declared in
 :mod:`anatomy.hook.tracker_state`): the set-up (:mod:`anatomy.hook.attach`), the sampled step's
-instruments (:mod:`anatomy.hook.sampled`), the phase hooks (:mod:`anatomy.hook.phases`), the finished
-step's snapshot (:mod:`anatomy.hook.snapshots`, whose figures the pure :mod:`anatomy.hook.assembly`
-computes) and a step's beginning with an ordinary step's O(1) end (:mod:`anatomy.hook.ordinary`).
+instruments (:mod:`anatomy.hook.sampled`), the saved-tensor count's window (:mod:`anatomy.hook.window`),
+the phase hooks (:mod:`anatomy.hook.phases`), the finished step's snapshot (:mod:`anatomy.hook.snapshots`,
+whose figures the pure :mod:`anatomy.hook.assembly` computes) and a step's beginning and end, the ordinary
+step's in O(1) on a :mod:`anatomy.hook.lean` step (:mod:`anatomy.hook.ordinary`).
 
 What a snapshot's numbers mean. ``memory`` holds each component at its own maximum in the step:
 weights (parameters + buffers, plus autocast's low-precision weight copies), optimizer states and
@@ -49,34 +50,30 @@ from typing import Any, Literal
 
 import torch
 
-from anatomy.hook.backend import BackendFactory, HeapBackend, MemoryBackend
+from anatomy.hook.backend import BackendFactory
 from anatomy.hook.compiled import CompileProbe
 from anatomy.hook.detect import is_oom
-from anatomy.hook.distributed import communication_bytes, ddp_buckets
 from anatomy.hook.guard import Feature, Guard
+from anatomy.hook.lean import UPDATED, LeanStep
 from anatomy.hook.ordinary import OrdinarySteps
 from anatomy.hook.others import OtherModels
 from anatomy.hook.publishing import Channel
 from anatomy.hook.record import StepRecord, Sums
 from anatomy.hook.schedule import (
-    HEAP,
     SAMPLE_EVERY,
-    SAMPLED,
     WARMUP_REFRESH_STEPS,
     Schedule,
 )
-from anatomy.hook.split import explained_after_optimizer, held_after_optimizer, step_parts
 from anatomy.hook.step_context import NullContext, StepContext
 from anatomy.hook.throughput import Throughput
 from anatomy.hook.timing import (
     BACKWARD_END,
-    END,
     ClockFactory,
     StepClock,
 )
 from anatomy.recorder import RecordSetting
 from anatomy.step_feed import FeedHistory, StepFeed
-from anatomy.vocabulary import Phase, Precision
+from anatomy.vocabulary import Precision
 
 HISTORY_LENGTH = 120
 # An ordinary step's snapshot is the last one built in full, repeated; one is built anew at least this many
@@ -183,6 +180,7 @@ class Tracker(OrdinarySteps):
         self._plain_ok = False
         self._episode, self._plan, self._blocks, self._per_piece, self._traced_best = [], None, [], {}, None
         self._spare = None
+        self._lean, self._lean_other, self._finished_lean = LeanStep(), LeanStep(), False
         # snapshots and publishing
         self._seq = 0
         self._latest = None
@@ -238,6 +236,8 @@ class Tracker(OrdinarySteps):
         if not self.enabled or self._closed:
             return
         self._explicit = True
+        if self._lean.active:  # (a block never ended)
+            self._promote()
         rec = self._step
         if rec is not None and not rec.suspended:
             self.end_step()  # (a block never ended)
@@ -265,6 +265,38 @@ class Tracker(OrdinarySteps):
     def end_step(self, exc: BaseException | None = None) -> None:
         """Close the current step. With ``exc`` (the exception that ended it), an out-of-memory
         error writes the last snapshot with the error text to the OOM file."""
+        lean = self._lean
+        if lean.active:
+            if exc is None and lean.stage == UPDATED:
+                try:  # the usual step ends in O(1) where _end_ordinary allows
+                    samples = lean.samples if lean.samples is not None else self._throughput.default_samples
+                    if samples is None:
+                        samples = lean.samples_seen or None
+                    tokens = lean.tokens if lean.tokens is not None else self._throughput.default_tokens
+                    if tokens is None:
+                        tokens = lean.tokens_seen
+                    t = perf_counter()
+                    fpost, opre = lean.forward_post, lean.optimizer_pre
+                    if self._end_ordinary(
+                        lean.index,
+                        lean.auto,
+                        1,
+                        lean.grads_begin,
+                        samples,
+                        tokens,
+                        lean.started,
+                        t,
+                        fpost - lean.forward_pre,
+                        opre - fpost,
+                        lean.optimizer_post - opre,
+                    ):
+                        lean.active = False
+                        lean.ended = t
+                        self._finished_lean = True
+                        return
+                except Exception as error:
+                    self._guard.fail(Feature.STEP, error)
+            self._promote()
         rec = self._step
         if not self.enabled or rec is None or rec.suspended:
             if exc is not None and self.enabled and is_oom(exc):
@@ -321,90 +353,13 @@ class Tracker(OrdinarySteps):
             if rec.profiler is not None:
                 self._stop_profiler(rec, _DISCARDED)
 
-    def _finish(self, rec: StepRecord, exc: BaseException | None) -> None:
-        if rec.trace is not None:  # entered after the profiler: leaves first
-            self._stop_trace(rec)
-        if rec.profiler is not None:
-            self._stop_profiler(rec, exc)
-        off = self._guard.off
-        if Feature.TIMING not in off:
-            rec.clock.mark(END)
-        memory = self._memory
-        if memory is not None and not rec.optimizer_ran and rec.heap_on:
-            # otherwise the optimizer's readings already cover the step's end
-            memory.read(
-                rec, Phase.OTHER, explained_after_optimizer(rec), held_after_optimizer(rec, self._sums)
-            )
-        since_built = perf_counter() - self._last_built
-        due = exc is not None or self._steps_done == 0 or since_built >= self.interval_s
-        if memory is not None:
-            heap_step = memory.step_ends(rec, stats_due=due)
-            if heap_step is not None:
-                self._schedule.heap_step = heap_step
-            if memory.runtime is None and rec.heap_from is None and isinstance(memory, HeapBackend):
-                comm = communication_bytes(self._sums.buckets, rec.grads_begin) or 0
-                # other models built before the first step are named, not runtime
-                memory.measure_runtime(rec, step_parts(rec, self._sums), comm + self._sums.other_models)
-        if rec.refresh or rec.index == self._forced_refresh:
-            self._sums.step = rec.index  # (what it re-summed: the figures' step)
-        if (rec.refresh or rec.index == self._forced_refresh) and Feature.GRADIENTS not in off:
-            with self._guard(Feature.GRADIENTS):  # DDP's buckets, rebuilt after the first backward
-                self._sums.buckets = ddp_buckets(self.model) or self._zero_buckets()
-            if rec.grads is None and Feature.GRADIENTS not in off:
-                # No optimizer hook saw this step: gradients as they are now.
-                with self._guard(Feature.GRADIENTS):
-                    rec.grads = self._gradient_bytes()
-                    self._sums.gradients = rec.grads
-        self._steps_done += 1
-        if rec.started:  # (the budget's clock: the time steps take)
-            self._schedule.trained_s += perf_counter() - rec.started
-        # (a step begun by begin_step: the next begin_step looks, before the next forward)
-        if rec.auto and not self._compile_safe and self._compiled():
-            self._keep_out_of_compile()
-        if rec.heap_on or rec.began_s:
-            self._charge(rec, memory)
-        throughput = self._throughput
-        throughput.step_finished(rec)
-        groups_step = throughput.op_groups_step
-        throughput.resolve()
-        self._finished = rec
-        if self._steps_done >= self._quiet_until:  # (the steps per interval: as of this step's time)
-            self._quiet_until = self._schedule.quiet_until(self._steps_done, self._looked_at)
-        if self._episode:  # a sampled episode in progress: its next piece on the next step
-            self._quiet_until = self._steps_done
-        build = exc is not None or self._steps_done == 1 or since_built >= self._rebuild_after_s
-        if build or groups_step != throughput.op_groups_step or not self._repeat(rec):
-            self._build(rec)
-            self._publish_latest()
-        # The next ordinary step may end in O(1) (Tracker._end_plain) where it is timed on the host and
-        # nothing of an earlier step is still to be resolved.
-        off = self._guard.off
-        self._plain_ok = (
-            self._step_clock is StepClock
-            and not self._cuda_events
-            and (memory is None or not memory.is_cuda)
-            and self._probe_data is not None
-            and self._zero_ref is None
-            and Feature.TIMING not in off
-            and Feature.CHANGES not in off
-            and throughput.idle
-            and self._latest is not None
-        )
-
-    def _charge(self, rec: StepRecord, memory: MemoryBackend | None) -> None:
-        """What this step's optional work cost, to the schedule's budget."""
-        sched = self._schedule
-        if memory is not None and rec.heap_on:
-            sched.charge(HEAP, memory.take_spent(), rec.index)
-        if rec.began_s:  # a sampled step: the profiler and the trace cost what the step took beyond the usual
-            took = time.perf_counter() - rec.began_s
-            sched.charge(SAMPLED, max(took - sched.median_step_s, 0.0), rec.index)
-
     def record_oom(self, exc: BaseException) -> Path | None:
         """For wrappers that catch an exception outside a step (the Trainer callback): if it is an
         out-of-memory error, end the step in progress and write the OOM file."""
         if not self.enabled or not is_oom(exc):
             return None
+        if self._lean.active:
+            self._promote()
         rec = self._step
         if rec is not None:
             self._finish_step(rec, exc)
@@ -419,6 +374,8 @@ class Tracker(OrdinarySteps):
         self._closed = True
         if not self.enabled:
             return
+        if self._lean.active:
+            self._promote()
         rec = self._step
         if rec is not None and rec.suspended and not rec.updated and self._steps_done > 0:
             self._discard(rec)

@@ -2,12 +2,14 @@
 
 :class:`~anatomy.hook.tracker.Tracker` is one object built in layers, each in its own module and each
 using the ones below it: the set-up and what it detects (:mod:`anatomy.hook.attach`), the sampled
-step's instruments (:mod:`anatomy.hook.sampled`), the phase hooks (:mod:`anatomy.hook.phases`), the
-finished step's snapshot and publishing (:mod:`anatomy.hook.snapshots`, which hands the figures to the
-pure :mod:`anatomy.hook.assembly`), a step's beginning and an ordinary step's O(1) end
-(:mod:`anatomy.hook.ordinary`), and the step's life cycle (:mod:`anatomy.hook.tracker`). The layers
-share this state directly rather than through objects of their own because the hooks run on every
-training step, where an attribute hop per read is what the per-step budget cannot spare.
+step's instruments (:mod:`anatomy.hook.sampled`), the saved-tensor count's window
+(:mod:`anatomy.hook.window`), the phase hooks (:mod:`anatomy.hook.phases`), the finished step's snapshot
+and publishing (:mod:`anatomy.hook.snapshots`, which hands the figures to the pure
+:mod:`anatomy.hook.assembly`), a step's beginning and end — the full end, and an ordinary step's O(1) one
+on a :mod:`anatomy.hook.lean` step (:mod:`anatomy.hook.ordinary`) — and the step's life cycle
+(:mod:`anatomy.hook.tracker`). The layers share this state directly rather than through objects of their
+own because the hooks run on every training step, where an attribute hop per read is what the per-step
+budget cannot spare.
 ``Tracker.__init__`` sets every attribute.
 """
 
@@ -24,6 +26,7 @@ from anatomy.hook.changes import ModelWatch, OptimizerWatch
 from anatomy.hook.compiled import CompileProbe
 from anatomy.hook.guard import Guard
 from anatomy.hook.heap import HostHeap
+from anatomy.hook.lean import LeanStep
 from anatomy.hook.others import OtherModels
 from anatomy.hook.pieces import PiecePlan
 from anatomy.hook.publishing import Channel
@@ -89,6 +92,9 @@ class TrackerState:
     # -- the steps (anatomy.hook.phases, anatomy.hook.tracker)
     _step: StepRecord | None  # the step in progress
     _finished: StepRecord | None  # the last finished step (rebuild() and an OOM record start from it)
+    _finished_lean: bool  # the last finished step ended lean: its record is made from its LeanStep on demand
+    _lean: LeanStep  # the ordinary step in progress (``active``), or the last one
+    _lean_other: LeanStep  # the one before it (the two alternate: a finished one stays readable)
     _explicit: bool  # steps are marked (tracker.step / begin_step), not begun by a forward
     _unseen_updates: int  # optimizer updates with no step around them (a forward never seen)
     _closed: bool
@@ -105,7 +111,7 @@ class TrackerState:
     _blocks: list[torch.nn.Module]  # the model's repeated blocks, as the episode began (none: whole steps)
     _per_piece: dict[str, int]  # blocks per piece, per instrument, as the last piece's cost sized it
     _traced_best: Traced | None  # the highest of the trace's pieces so far
-    _spare: StepRecord | None  # a record that ended plain, no longer the last finished: reset and reused
+    _spare: StepRecord | None  # a record that ended plain, no longer the last finished: reused by a promotion
     # -- snapshots and publishing (anatomy.hook.snapshots)
     _seq: int
     _latest: Snapshot | None  # the last snapshot built in full (an ordinary step's repeats it)
@@ -135,3 +141,5 @@ class TrackerState:
         def begin_step(self, samples: int | None = None, tokens: int | None = None) -> None: ...
         def _begin(self, auto: bool, samples: int | None = None, tokens: int | None = None) -> None: ...
         def end_step(self, exc: BaseException | None = None) -> None: ...
+        def _promote(self) -> StepRecord: ...
+        def _last_record(self) -> StepRecord | None: ...
