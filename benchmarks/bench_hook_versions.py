@@ -1,0 +1,184 @@
+"""Before and after, in one run: the hook at a git revision against the working tree's, per ordinary step.
+
+Four worker processes per configuration, one step each per round in rotating order: ``plain`` (no hook),
+``control`` (no hook again: the A/A noise floor), ``base`` (the hook as ``--base`` had it, from
+``git archive``) and ``this`` (the working tree's). Each times its step in the training thread's CPU time
+(what the hook adds to the thread; a loaded machine's preemptions do not inflate it), with the hook at
+default settings and publishing, sampled steps off (``sample_every`` past the run), so what is compared is
+the ordinary step. Printed per configuration: each arm's median step, its extra over ``plain`` (median of
+per-round differences, interquartile range, mean of the middle 80%), and ``this − base`` per round, the
+figure a change to the hook's per-step path is judged by. Separate processes interleaved, because the
+machine's speed drifts by tens of percent between runs of a few minutes on a shared box: only figures of
+the same run compare.
+
+Usage:
+  python benchmarks/bench_hook_versions.py --base HEAD~1                 # MLP 2 and 8 blocks, ~2 minutes
+  python benchmarks/bench_hook_versions.py --base 3c31d3b --models mlp,llama --depths 2,8,32 --rounds 1000
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+from collections.abc import Sequence
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+ARMS = ("plain", "control", "base", "this")
+
+# One arm: builds the model, then runs a step for each line on stdin and answers its CPU time in µs.
+WORKER = r"""
+import sys, tempfile, time
+from pathlib import Path
+src, depth, kind, threads = sys.argv[1], int(sys.argv[2]), sys.argv[3], int(sys.argv[4])
+if src != "-":
+    sys.path.insert(0, src)
+import torch
+torch.set_num_threads(threads)
+torch.manual_seed(0)
+if kind == "mlp":
+    layers = []
+    for _ in range(depth):
+        layers += [torch.nn.Linear(64, 64), torch.nn.ReLU()]
+    model = torch.nn.Sequential(*layers)
+    x = torch.randn(4, 64)
+    def loss():
+        return model(x).sum()
+else:
+    from transformers import LlamaConfig, LlamaForCausalLM
+    config = LlamaConfig(hidden_size=64, intermediate_size=256, num_attention_heads=4, num_key_value_heads=4,
+                         num_hidden_layers=depth, vocab_size=1024)
+    model = LlamaForCausalLM(config)
+    ids = torch.randint(0, 1024, (4, 32))
+    def loss():
+        return model(input_ids=ids, labels=ids).loss
+opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+tracker = None
+if src != "-":
+    import anatomy
+    if not anatomy.__file__.startswith(src):
+        raise SystemExit(f"anatomy came from {anatomy.__file__}, not {src}")
+    tracker = anatomy.track(model, opt, directory=Path(tempfile.mkdtemp()), sample_every=10**9)
+print("ready", flush=True)
+for _ in sys.stdin:
+    began = time.thread_time_ns()
+    if tracker is not None:
+        with tracker.step():
+            loss().backward()
+            opt.step()
+            opt.zero_grad(set_to_none=True)
+    else:
+        loss().backward()
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+    print((time.thread_time_ns() - began) / 1e3, flush=True)
+"""
+
+
+def export(rev: str, into: Path) -> Path:
+    """The package ``anatomy`` as ``rev`` had it, under ``into``."""
+    archive = subprocess.run(
+        ["git", "-C", str(ROOT), "archive", rev, "anatomy"], check=True, capture_output=True
+    ).stdout
+    subprocess.run(["tar", "-x", "-C", str(into)], input=archive, check=True)
+    return into
+
+
+def summarize(times: dict[str, list[float]], warmup: int) -> dict[str, dict[str, float]]:
+    """Per arm: the median step, and its extra over ``plain`` per round (median, quartiles, middle-80%
+    mean); ``this`` also against ``base``."""
+    out: dict[str, dict[str, float]] = {}
+    plain = times["plain"][warmup:]
+
+    def spread(d: list[float]) -> dict[str, float]:
+        q = statistics.quantiles(d, n=4)
+        cut = len(d) // 10
+        middle = sorted(d)[cut : len(d) - cut] or d
+        return {"median": statistics.median(d), "q1": q[0], "q3": q[2], "mean80": statistics.fmean(middle)}
+
+    for arm, values in times.items():
+        own = values[warmup:]
+        extra = [a - b for a, b in zip(own, plain, strict=True)]
+        out[arm] = {"step": statistics.median(own), **spread(extra)}
+    base, this = times["base"][warmup:], times["this"][warmup:]
+    out["this-base"] = spread([a - b for a, b in zip(this, base, strict=True)])
+    return out
+
+
+def run(kind: str, depth: int, rounds: int, base_src: Path, threads: int) -> dict[str, dict[str, float]]:
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    env["TOKENIZERS_PARALLELISM"] = "false"
+    sources = {"plain": "-", "control": "-", "base": str(base_src), "this": str(ROOT)}
+    procs = {
+        arm: subprocess.Popen(
+            [sys.executable, "-c", WORKER, src, str(depth), kind, str(threads)],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            text=True,
+            cwd=tempfile.gettempdir(),
+            env=env,
+        )
+        for arm, src in sources.items()
+    }
+    try:
+        for arm, proc in procs.items():
+            assert proc.stdout is not None
+            if proc.stdout.readline().strip() != "ready":
+                raise RuntimeError(f"the {arm} worker did not start")
+        times: dict[str, list[float]] = {arm: [] for arm in ARMS}
+        for r in range(rounds):
+            for arm in ARMS[r % len(ARMS) :] + ARMS[: r % len(ARMS)]:
+                proc = procs[arm]
+                assert proc.stdin is not None and proc.stdout is not None
+                proc.stdin.write("step\n")
+                proc.stdin.flush()
+                times[arm].append(float(proc.stdout.readline()))
+    finally:
+        for proc in procs.values():
+            if proc.stdin is not None:
+                proc.stdin.close()
+            proc.wait(timeout=60)
+    return summarize(times, warmup=max(rounds // 10, 5))
+
+
+def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
+    ap = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
+    ap.add_argument("--base", default="HEAD", help="the git revision to compare with (default HEAD)")
+    ap.add_argument("--models", default="mlp", help="mlp,llama")
+    ap.add_argument("--depths", default="2,8", help="blocks / layers")
+    ap.add_argument("--rounds", type=int, default=2000, help="steps per arm")
+    ap.add_argument("--threads", type=int, default=1, help="torch threads per worker")
+    return ap.parse_args(argv)
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    args = parse_args(argv)
+    load = os.getloadavg()[0]
+    print(f"hook versions: base {args.base} against the working tree; load average {load:.2f}", flush=True)
+    with tempfile.TemporaryDirectory() as tmp:
+        base_src = export(args.base, Path(tmp))
+        for kind in args.models.split(","):
+            for depth in (int(d) for d in args.depths.split(",")):
+                res = run(kind, depth, args.rounds, base_src, args.threads)
+                label = f"{kind} {depth}"
+                for arm in ARMS:
+                    r = res[arm]
+                    print(
+                        f"{label:9s} {arm:8s} step {r['step']:9.1f} µs   extra {r['median']:+7.1f} µs "
+                        f"(IQR {r['q1']:+.0f}..{r['q3']:+.0f}, middle-80% mean {r['mean80']:+.1f})",
+                        flush=True,
+                    )
+                d = res["this-base"]
+                print(
+                    f"{label:9s} this − base, per round: {d['median']:+.1f} µs "
+                    f"(IQR {d['q1']:+.0f}..{d['q3']:+.0f}, middle-80% mean {d['mean80']:+.1f})",
+                    flush=True,
+                )
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,63 @@
+"""benchmarks/bench_hook_versions.py: its figures from known step times, and one end-to-end run of its
+smallest configuration (shape only, never timing: four worker processes, a few rounds, on whatever load the
+machine has, the committed hook against the working tree's)."""
+
+from __future__ import annotations
+
+import re
+import statistics
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT / "benchmarks"))
+
+import bench_hook_versions  # noqa: E402
+
+
+def test_the_extras_are_per_round_differences() -> None:
+    plain = [100.0, 200.0, 300.0, 400.0, 500.0, 600.0]
+    times = {
+        "plain": plain,
+        "control": list(plain),
+        "base": [p + 50.0 for p in plain],
+        "this": [p + 20.0 for p in plain],
+    }
+    res = bench_hook_versions.summarize(times, warmup=1)
+    assert res["control"]["median"] == 0.0 and res["control"]["mean80"] == 0.0
+    assert res["base"]["median"] == res["base"]["mean80"] == 50.0
+    assert res["this"]["median"] == 20.0 and res["this"]["step"] == statistics.median(
+        [p + 20 for p in plain[1:]]
+    )
+    assert res["this-base"]["median"] == res["this-base"]["q1"] == res["this-base"]["q3"] == -30.0
+
+
+def test_smallest_configuration_prints_every_arm() -> None:
+    if subprocess.run(["git", "-C", str(ROOT), "rev-parse", "HEAD"], capture_output=True).returncode != 0:
+        pytest.fail("the benchmark compares with a git revision: run the tests in a clone")
+    proc = subprocess.run(
+        [
+            sys.executable,
+            str(ROOT / "benchmarks" / "bench_hook_versions.py"),
+            "--depths",
+            "1",
+            "--rounds",
+            "12",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        cwd=ROOT,
+    )
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    lines = proc.stdout.splitlines()
+    for arm in bench_hook_versions.ARMS:
+        row = [line for line in lines if re.match(rf"mlp 1\s+{arm}\s+step", line)]
+        assert len(row) == 1, proc.stdout
+        assert re.search(r"step\s+\d+\.\d µs\s+extra\s+[+-]\d+\.\d µs \(IQR [+-]\d+\.\.[+-]\d+", row[0]), row[0]
+    assert any(re.match(r"mlp 1\s+this − base, per round: [+-]\d+\.\d µs", line) for line in lines), (
+        proc.stdout
+    )
