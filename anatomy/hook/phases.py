@@ -247,7 +247,10 @@ class PhaseHooks(CountingWindow):
         through unchanged."""
         lean = self._lean
         if lean.active:
-            if not kwargs and len(args) <= 1:  # (no closure)
+            closure = kwargs.get("closure") if kwargs else None
+            if closure is None and len(args) > 1:
+                closure = args[1]
+            if closure is None:  # (accelerate passes ``closure=None`` on)
                 if lean.stage == FORWARD_DONE and lean.index != self._forced_refresh:
                     lean.stage = IN_OPTIMIZER  # the usual step's optimizer phase begins
                     lean.optimizer_pre = perf_counter()

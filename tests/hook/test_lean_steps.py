@@ -133,11 +133,14 @@ def _run(lean: bool, monkeypatch: pytest.MonkeyPatch) -> tuple[list[dict[str, An
     tracker.end_step()
     for _ in range(3):
         step(lambda: _usual(model, opt, x))
-    for _ in range(TRAINER_STEPS):  # the Hugging Face Trainer's calls around the optimizer's own hooks
+    for i in range(TRAINER_STEPS):  # the Hugging Face Trainer's calls around the optimizer's own hooks
         tracker.begin_step()
         model(x).sum().backward()
         tracker.optimizer_begin()
-        opt.step()
+        if i % 2:
+            opt.step(None)  # accelerate's optimizer passes its ``closure=None`` on
+        else:
+            opt.step(closure=None)
         tracker.optimizer_end()
         opt.zero_grad()
         tracker.end_step()
