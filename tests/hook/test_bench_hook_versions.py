@@ -57,7 +57,8 @@ def test_smallest_configuration_prints_every_arm() -> None:
     for arm in bench_hook_versions.ARMS:
         row = [line for line in lines if re.match(rf"mlp 1\s+{arm}\s+step", line)]
         assert len(row) == 1, proc.stdout
-        assert re.search(r"step\s+\d+\.\d µs\s+extra\s+[+-]\d+\.\d µs \(IQR [+-]\d+\.\.[+-]\d+", row[0]), row[0]
+        figures = r"step\s+\d+\.\d µs\s+extra\s+[+-]\d+\.\d µs \(IQR [+-]\d+\.\.[+-]\d+"
+        assert re.search(figures, row[0]), row[0]
     assert any(re.match(r"mlp 1\s+this − base, per round: [+-]\d+\.\d µs", line) for line in lines), (
         proc.stdout
     )
