@@ -201,12 +201,6 @@ class OrdinarySteps(StepSnapshots):
         was measured) ends in O(1) all the same where :meth:`_end_ordinary` allows; False: the full way."""
         if rec.window or rec.in_forward:
             return False
-        samples = rec.samples if rec.samples is not None else self._throughput.default_samples
-        if samples is None:
-            samples = rec.samples_seen or None
-        tokens = rec.tokens if rec.tokens is not None else self._throughput.default_tokens
-        if tokens is None:
-            tokens = rec.tokens_seen
         t = perf_counter()
         marks = rec.clock.marks
         if (
@@ -232,8 +226,10 @@ class OrdinarySteps(StepSnapshots):
             rec.auto,
             rec.micro,
             rec.grads_begin,
-            samples,
-            tokens,
+            rec.samples,
+            rec.tokens,
+            rec.samples_seen,
+            rec.tokens_seen,
             marks[0][1],
             t,
             forward_s,
@@ -258,6 +254,8 @@ class OrdinarySteps(StepSnapshots):
         grads_begin: int,
         samples: int | None,
         tokens: int | None,
+        samples_seen: int,
+        tokens_seen: int,
         started: float,
         t: float,
         forward_s: float,
@@ -268,7 +266,16 @@ class OrdinarySteps(StepSnapshots):
         one built, with this step's number, time and timing, is made from it only where it is wanted).
         Only where every other figure would come out the same as the last build's — the same
         micro-batches, batch size and gradients at its start, no new error, no change waiting to be
-        published; False: the step ends the full way (nothing done here)."""
+        published; False: the step ends the full way (nothing done here). ``samples`` and ``tokens`` as the
+        step was told them (None: the tracker's defaults, else what its forwards saw)."""
+        if samples is None:
+            samples = self._throughput.default_samples
+            if samples is None:
+                samples = samples_seen or None
+        if tokens is None:
+            tokens = self._throughput.default_tokens
+            if tokens is None:
+                tokens = tokens_seen
         if index == self._forced_refresh or self._hello_stale or micro != self._base_micro:
             return False
         if grads_begin != self._base_grads_begin or self._guard.version != self._built_errors:

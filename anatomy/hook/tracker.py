@@ -269,12 +269,6 @@ class Tracker(OrdinarySteps):
         if lean.active:
             if exc is None and lean.stage == UPDATED:
                 try:  # the usual step ends in O(1) where _end_ordinary allows
-                    samples = lean.samples if lean.samples is not None else self._throughput.default_samples
-                    if samples is None:
-                        samples = lean.samples_seen or None
-                    tokens = lean.tokens if lean.tokens is not None else self._throughput.default_tokens
-                    if tokens is None:
-                        tokens = lean.tokens_seen
                     t = perf_counter()
                     fpost, opre = lean.forward_post, lean.optimizer_pre
                     if self._end_ordinary(
@@ -282,8 +276,10 @@ class Tracker(OrdinarySteps):
                         lean.auto,
                         1,
                         lean.grads_begin,
-                        samples,
-                        tokens,
+                        lean.samples,
+                        lean.tokens,
+                        lean.samples_seen,
+                        lean.tokens_seen,
                         lean.started,
                         t,
                         fpost - lean.forward_pre,
