@@ -179,6 +179,50 @@ def test_every_step_comes_out_as_the_full_way_makes_it(monkeypatch: pytest.Monke
     assert {s["batch_size"] for s in lean} == {8, 12}
 
 
+def _run_auto(lean: bool, monkeypatch: pytest.MonkeyPatch) -> list[dict[str, Any]]:
+    """A loop without step boundaries: a training-mode forward begins each step, the update ends it."""
+    monkeypatch.setattr(ordinary, "ORDINARY_IN_O1", lean)
+    model, opt = _mlp()
+    tracker = anatomy.track(model, opt, publish=False, sample_every=0, interval_s=3600.0)
+    x, wide = torch.randn(8, 16), torch.randn(12, 16)
+    for batch in [x] * 10 + [wide] * 4 + [x] * 4:
+        _usual(model, opt, batch)
+    model.eval()
+    with torch.no_grad():
+        model(x)  # an evaluation between steps: no step
+    model.train()
+    for _ in range(3):
+        _usual(model, opt, x)
+    history = [
+        {k: v for k, v in dataclasses.asdict(snap).items() if k not in (*_PER_RUN, "memory")}
+        | {"sums": {c: snap.memory[c] for c in _TENSOR_SUMS}}
+        for snap in tracker.history
+    ]
+    tracker.close()
+    return history
+
+
+def test_a_loop_without_step_boundaries_comes_out_as_the_full_way_makes_it(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    full = _run_auto(False, monkeypatch)
+    ended: list[int] = []
+    real = OrdinarySteps._end_ordinary
+
+    def spy(self: Any, index: int, *args: Any) -> bool:
+        done = real(self, index, *args)
+        if done and self._lean.active:  # (the lean end; a record that ended plain has none active)
+            ended.append(index)
+        return done
+
+    monkeypatch.setattr(OrdinarySteps, "_end_ordinary", spy)
+    lean = _run_auto(True, monkeypatch)
+    assert [s["step"] for s in lean] == [s["step"] for s in full] == list(range(21))
+    for a, b in zip(lean, full, strict=True):
+        assert a == b, a["step"]
+    assert len(ended) >= 10, ended  # most steps began and ended lean
+
+
 def test_ordinary_steps_take_the_lean_path(monkeypatch: pytest.MonkeyPatch) -> None:
     """A usual step after the first ones neither makes nor resets a record: the one of the step before
     the last ordinary step stays what it was."""
