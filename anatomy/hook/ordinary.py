@@ -53,10 +53,8 @@ class OrdinarySteps(StepSnapshots):
 
     def _begin(self, auto: bool, samples: int | None = None, tokens: int | None = None) -> None:
         # The per-step path: a section per hook (try/except, the guard's contract), no call it can spare.
-        off = self._guard.off
         try:
             index = self._steps_done
-            sched = self._schedule
             # One compare says whether anything can be due by the step count (an ordinary step: none of
             # the schedule's checks); a change the hooks saw, or a re-sum forced, is not ordinary.
             quiet = index < self._quiet_until and index != self._forced_refresh
@@ -77,6 +75,8 @@ class OrdinarySteps(StepSnapshots):
                     lean.active = True
                     lean.started = perf_counter()
                     return
+            off = self._guard.off
+            sched = self._schedule
             if self._model_changed(index, quiet):  # a new head, an untied embedding, .to(): all sums anew
                 self._forced_refresh = index
                 quiet = False

@@ -239,18 +239,19 @@ class Tracker(OrdinarySteps):
         if self._lean.active:  # (a block never ended)
             self._promote()
         rec = self._step
-        if rec is not None and not rec.suspended:
-            self.end_step()  # (a block never ended)
-            rec = self._step
-        if rec is not None and rec.suspended and not rec.updated:
-            with self._guard(Feature.STEP):
-                rec.suspended = False
-                rec.blocks += 1
-                rec.samples = _plus(rec.samples, samples)
-                rec.tokens = _plus(rec.tokens, tokens)
-            return
-        if rec is not None:  # suspended, and an optimizer stepped after its block (outside any block)
-            self._finish_step(rec, None)
+        if rec is not None:  # (none on an ordinary step)
+            if not rec.suspended:
+                self.end_step()  # (a block never ended)
+                rec = self._step
+            if rec is not None and rec.suspended and not rec.updated:
+                with self._guard(Feature.STEP):
+                    rec.suspended = False
+                    rec.blocks += 1
+                    rec.samples = _plus(rec.samples, samples)
+                    rec.tokens = _plus(rec.tokens, tokens)
+                return
+            if rec is not None:  # suspended, and an optimizer stepped after its block (outside any block)
+                self._finish_step(rec, None)
         if not self._compile_safe:  # (CompileProbe's test written out: no call on the per-step path)
             probe = self._compiled
             counters = probe.counters
