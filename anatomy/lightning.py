@@ -31,7 +31,7 @@ from typing import Any
 import torch
 
 from anatomy.hook.callback_base import CallbackBase
-from anatomy.hook.lightning_logs import log_snapshot
+from anatomy.hook.lightning_logs import log_snapshot, logs_this_step
 from anatomy.hook.tracker import hook_disabled
 
 _PACKAGES = ("lightning.pytorch", "pytorch_lightning")
@@ -147,7 +147,8 @@ class _AnatomyCallback(CallbackBase):
             self._guard("on_train_batch_end", self._log_step, trainer)
 
     def _log_step(self, trainer: Any) -> None:
-        if self.tracker is not None:
+        # (the step's snapshot is made from its row only for a step Lightning logs: one in 50 by default)
+        if self.tracker is not None and logs_this_step(trainer):
             log_snapshot(trainer, self.tracker.latest)
 
 

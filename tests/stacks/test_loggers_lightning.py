@@ -148,3 +148,25 @@ def test_log_false_and_the_users_losses_unchanged(tmp_path: Path) -> None:
     assert len(losses) == STEPS // LOG_EVERY
     assert _column(rows_quiet, "train_loss") == losses
     assert _column(rows_with, "train_loss") == losses
+
+
+def test_a_snapshot_is_made_only_for_the_steps_lightning_logs(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An ordinary step's snapshot is made from its row only where one is wanted: at the steps Lightning
+    sends to its loggers (one in ``log_every_n_steps``), not at every batch."""
+    from anatomy.hook.snapshots import StepSnapshots
+    from anatomy.lightning import AnatomyCallback
+
+    asked: list[int] = []
+    real = StepSnapshots.latest
+
+    def counting(self: Any) -> Any:
+        asked.append(self.steps_done)
+        return real.fget(self)  # type: ignore[attr-defined]
+
+    monkeypatch.setattr(StepSnapshots, "latest", property(counting))
+    _, rows = _fit(tmp_path, [AnatomyCallback(interval_s=0.01)])
+    logged = _column(rows, "anatomy/memory/weights_bytes")
+    assert len(logged) == STEPS // LOG_EVERY
+    assert len(asked) == len(logged), asked
