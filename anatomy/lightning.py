@@ -31,7 +31,7 @@ from typing import Any
 import torch
 
 from anatomy.hook.callback_base import CallbackBase
-from anatomy.hook.lightning_logs import log_snapshot, logs_this_step
+from anatomy.hook.lightning_logs import log_snapshot
 from anatomy.hook.tracker import hook_disabled
 
 _PACKAGES = ("lightning.pytorch", "pytorch_lightning")
@@ -143,13 +143,8 @@ class _AnatomyCallback(CallbackBase):
         self._in_batch = False
         self._guard("on_train_batch_end", self.tracker.forward_end)  # a step that never called backward
         self._guard("on_train_batch_end", self.tracker.end_step)
-        if self.log_to_loggers:
-            self._guard("on_train_batch_end", self._log_step, trainer)
-
-    def _log_step(self, trainer: Any) -> None:
-        # (the step's snapshot is made from its row only for a step Lightning logs: one in 50 by default)
-        if self.tracker is not None and logs_this_step(trainer):
-            log_snapshot(trainer, self.tracker.latest)
+        if self.log_to_loggers:  # (the snapshot is made only where Lightning logs the step)
+            self._guard("on_train_batch_end", log_snapshot, trainer, self._latest)
 
 
 _CLASS: type | None = None

@@ -30,7 +30,6 @@ from anatomy.hook.callback_base import CallbackBase
 from anatomy.hook.detect import detect_precision
 from anatomy.hook.tensors import dominant_dtype
 from anatomy.hook.tracker import Tracker, hook_disabled
-from anatomy.protocol import Snapshot
 
 _WRAPPED = "_anatomy_wrapped"
 
@@ -122,9 +121,6 @@ class AnatomyCallback(CallbackBase, TrainerCallback):
         trainer = _find_trainer()
         if trainer is not None:
             trainer_logs.install(trainer.callback_handler, self, self._latest)
-
-    def _latest(self) -> Snapshot | None:
-        return self.tracker.latest if self.tracker is not None else None
 
     def _start(self, args: Any, model: Any, optimizer: Any) -> None:
         if model is None:

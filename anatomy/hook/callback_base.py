@@ -13,6 +13,7 @@ from typing import Any
 
 from anatomy.hook.schedule import SAMPLE_EVERY
 from anatomy.hook.tracker import Tracker, track
+from anatomy.protocol import Snapshot
 from anatomy.recorder import RecordSetting
 
 log = logging.getLogger("anatomy")
@@ -46,6 +47,10 @@ class CallbackBase:
         # a path: that directory.
         self.record = record
         self.tracker: Tracker | None = None
+
+    def _latest(self) -> Snapshot | None:
+        """The tracker's latest snapshot, asked for where a logger takes one (made from its row then)."""
+        return self.tracker.latest if self.tracker is not None else None
 
     def _guard(self, event: str, fn: Any, *args: Any) -> None:
         try:

@@ -14,32 +14,32 @@ Nothing of Lightning is imported here: the trainer is whichever Lightning the us
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 from anatomy.log_metrics import snapshot_metrics
 from anatomy.protocol import Snapshot
 
 
-def logs_this_step(trainer: Any) -> bool:
-    """Whether Lightning sends this batch's metrics to the trainer's loggers: it has loggers, and its own
-    tests (update_train_step_metrics) pass — not a micro-batch that only accumulates gradients, and a step
-    of log_every_n_steps (or the last one). Cheap: asked before a snapshot is made for it."""
+def log_snapshot(trainer: Any, latest: Callable[[], Snapshot | None]) -> bool:
+    """At a step Lightning logs (call it from ``on_train_batch_end``, once the step is measured), the
+    latest snapshot's ``anatomy/...`` metrics to the trainer's loggers. Whether anything was logged.
+    ``latest`` is asked only at a step that is logged: an ordinary step's snapshot is made from its row
+    when wanted, and Lightning logs one step in ``log_every_n_steps``."""
     if not getattr(trainer, "loggers", None):
         return False
+    # Lightning's own tests for "this batch's metrics go to the loggers" (update_train_step_metrics): not a
+    # micro-batch that only accumulates gradients, and a step of log_every_n_steps (or the last one).
     fit_loop = getattr(trainer, "fit_loop", None)
     automatic = getattr(getattr(trainer, "lightning_module", None), "automatic_optimization", True)
     if fit_loop is not None and automatic and fit_loop._should_accumulate():
         return False
     connector = getattr(trainer, "_logger_connector", None)
-    return connector is not None and bool(connector.should_update_logs)
-
-
-def log_snapshot(trainer: Any, snap: Snapshot | None) -> bool:
-    """At a step Lightning logs (call it from ``on_train_batch_end``, once the step is measured), the
-    snapshot's ``anatomy/...`` metrics to the trainer's loggers. Whether anything was logged."""
-    if snap is None or not logs_this_step(trainer):
+    if connector is None or not connector.should_update_logs:
         return False
-    connector = trainer._logger_connector
+    snap = latest()
+    if snap is None:
+        return False
     metrics = snapshot_metrics(snap)
     if not metrics:
         return False
