@@ -32,10 +32,6 @@ from anatomy.hook.split import explained_after_optimizer, held_after_optimizer, 
 from anatomy.hook.timing import (
     BEGIN,
     END,
-    FORWARD_POST,
-    FORWARD_PRE,
-    OPTIMIZER_POST,
-    OPTIMIZER_PRE,
     StepClock,
     durations_from_marks,
 )
@@ -203,23 +199,12 @@ class OrdinarySteps(StepSnapshots):
             return False
         t = perf_counter()
         marks = rec.clock.marks
-        if (
-            len(marks) == 5
-            and marks[1][0] is FORWARD_PRE
-            and marks[2][0] is FORWARD_POST
-            and marks[3][0] is OPTIMIZER_PRE
-            and marks[4][0] is OPTIMIZER_POST
-        ):  # the usual step: its phases read in place
-            forward_s = marks[2][1] - marks[1][1]
-            backward_s = marks[3][1] - marks[2][1]
-            optimizer_s = marks[4][1] - marks[3][1]
-        else:
-            d = durations_from_marks([*marks, (END, t)])
-            forward_s = backward_s = optimizer_s = _NAN
-            if d is not None:
-                forward_s = _NAN if d.forward_s is None else d.forward_s
-                backward_s = _NAN if d.backward_s is None else d.backward_s
-                optimizer_s = _NAN if d.optimizer_s is None else d.optimizer_s
+        d = durations_from_marks([*marks, (END, t)])  # (the usual step's are read in place, on a LeanStep)
+        forward_s = backward_s = optimizer_s = _NAN
+        if d is not None:
+            forward_s = _NAN if d.forward_s is None else d.forward_s
+            backward_s = _NAN if d.backward_s is None else d.backward_s
+            optimizer_s = _NAN if d.optimizer_s is None else d.optimizer_s
         index = rec.index
         if not self._end_ordinary(
             index,
