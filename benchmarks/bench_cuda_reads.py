@@ -62,6 +62,9 @@ def main() -> None:
     def mark() -> None:
         StepClock(cuda=True).mark(BEGIN)
 
+    again = torch.cuda.Event(enable_timing=True)  # one event recorded over and over (a pool's way)
+    stream = torch.cuda.current_stream(dev)
+
     cases: list[tuple[str, Callable[[], object]]] = [
         ("torch.cuda.memory_stats() (baseline)", lambda: torch.cuda.memory_stats(dev)),
         ("torch.cuda.memory_allocated()", lambda: torch.cuda.memory_allocated(dev)),
@@ -70,6 +73,7 @@ def main() -> None:
         ("hook: CudaAllocator.stats()", reader.stats),
         ("CUDA event: create + record", event),
         ("hook: StepClock(cuda).mark (stream kept)", mark),
+        ("CUDA event: record again (stream given)", lambda: again.record(stream)),
         ("CUDA event: query()", ev.query),
         ("CUDA event: elapsed_time()", lambda: first.elapsed_time(ev)),
     ]

@@ -9,11 +9,13 @@ the ordinary step. Printed per configuration: each arm's median step, its extra 
 per-round differences, interquartile range, mean of the middle 80%), and ``this − base`` per round, the
 figure a change to the hook's per-step path is judged by. Separate processes interleaved, because the
 machine's speed drifts by tens of percent between runs of a few minutes on a shared box: only figures of
-the same run compare.
+the same run compare. With ``--device cuda`` each round starts from an idle GPU and the wall time to the
+device's end of the step is printed too (a launch-bound step waits for every µs the host adds).
 
 Usage:
   python benchmarks/bench_hook_versions.py --base HEAD~1                 # MLP 2 and 8 blocks, ~2 minutes
   python benchmarks/bench_hook_versions.py --base 3c31d3b --models mlp,llama --depths 2,8,32 --rounds 1000
+  python benchmarks/bench_hook_versions.py --base-dir /tmp/base --device cuda      # on a GPU: wall time too
 """
 
 from __future__ import annotations
@@ -34,7 +36,7 @@ ARMS = ("plain", "control", "base", "this")
 WORKER = r"""
 import sys, tempfile, time
 from pathlib import Path
-src, depth, kind, threads = sys.argv[1], int(sys.argv[2]), sys.argv[3], int(sys.argv[4])
+src, depth, kind, threads, device = sys.argv[1], int(sys.argv[2]), sys.argv[3], int(sys.argv[4]), sys.argv[5]
 if src != "-":
     sys.path.insert(0, src)
 import torch
@@ -44,16 +46,16 @@ if kind == "mlp":
     layers = []
     for _ in range(depth):
         layers += [torch.nn.Linear(64, 64), torch.nn.ReLU()]
-    model = torch.nn.Sequential(*layers)
-    x = torch.randn(4, 64)
+    model = torch.nn.Sequential(*layers).to(device)
+    x = torch.randn(4, 64, device=device)
     def loss():
         return model(x).sum()
 else:
     from transformers import LlamaConfig, LlamaForCausalLM
     config = LlamaConfig(hidden_size=64, intermediate_size=256, num_attention_heads=4, num_key_value_heads=4,
                          num_hidden_layers=depth, vocab_size=1024)
-    model = LlamaForCausalLM(config)
-    ids = torch.randint(0, 1024, (4, 32))
+    model = LlamaForCausalLM(config).to(device)
+    ids = torch.randint(0, 1024, (4, 32), device=device)
     def loss():
         return model(input_ids=ids, labels=ids).loss
 opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
@@ -64,8 +66,10 @@ if src != "-":
         raise SystemExit(f"anatomy came from {anatomy.__file__}, not {src}")
     tracker = anatomy.track(model, opt, directory=Path(tempfile.mkdtemp()), sample_every=10**9)
 print("ready", flush=True)
+sync = torch.cuda.synchronize if device == "cuda" else (lambda: None)
 for _ in sys.stdin:
-    began = time.thread_time_ns()
+    sync()  # (each round from an idle device: what the host adds is what the step waits for)
+    began, wall = time.thread_time_ns(), time.perf_counter_ns()
     if tracker is not None:
         with tracker.step():
             loss().backward()
@@ -75,7 +79,9 @@ for _ in sys.stdin:
         loss().backward()
         opt.step()
         opt.zero_grad(set_to_none=True)
-    print((time.thread_time_ns() - began) / 1e3, flush=True)
+    cpu = (time.thread_time_ns() - began) / 1e3
+    sync()
+    print(cpu, (time.perf_counter_ns() - wall) / 1e3, flush=True)
 """
 
 
@@ -109,13 +115,16 @@ def summarize(times: dict[str, list[float]], warmup: int) -> dict[str, dict[str,
     return out
 
 
-def run(kind: str, depth: int, rounds: int, base_src: Path, threads: int) -> dict[str, dict[str, float]]:
+def run(
+    kind: str, depth: int, rounds: int, base_src: Path, threads: int, device: str = "cpu"
+) -> tuple[dict[str, dict[str, float]], dict[str, dict[str, float]]]:
+    """Thread CPU time and wall time (to the device's end of the step) per arm: their summaries."""
     env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
     env["TOKENIZERS_PARALLELISM"] = "false"
     sources = {"plain": "-", "control": "-", "base": str(base_src), "this": str(ROOT)}
     procs = {
         arm: subprocess.Popen(
-            [sys.executable, "-c", WORKER, src, str(depth), kind, str(threads)],
+            [sys.executable, "-c", WORKER, src, str(depth), kind, str(threads), device],
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             text=True,
@@ -130,19 +139,23 @@ def run(kind: str, depth: int, rounds: int, base_src: Path, threads: int) -> dic
             if proc.stdout.readline().strip() != "ready":
                 raise RuntimeError(f"the {arm} worker did not start")
         times: dict[str, list[float]] = {arm: [] for arm in ARMS}
+        walls: dict[str, list[float]] = {arm: [] for arm in ARMS}
         for r in range(rounds):
             for arm in ARMS[r % len(ARMS) :] + ARMS[: r % len(ARMS)]:
                 proc = procs[arm]
                 assert proc.stdin is not None and proc.stdout is not None
                 proc.stdin.write("step\n")
                 proc.stdin.flush()
-                times[arm].append(float(proc.stdout.readline()))
+                cpu, wall = proc.stdout.readline().split()
+                times[arm].append(float(cpu))
+                walls[arm].append(float(wall))
     finally:
         for proc in procs.values():
             if proc.stdin is not None:
                 proc.stdin.close()
             proc.wait(timeout=60)
-    return summarize(times, warmup=max(rounds // 10, 5))
+    warmup = max(rounds // 10, 5)
+    return summarize(times, warmup), summarize(walls, warmup)
 
 
 def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
@@ -152,6 +165,8 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--depths", default="2,8", help="blocks / layers")
     ap.add_argument("--rounds", type=int, default=2000, help="steps per arm")
     ap.add_argument("--threads", type=int, default=1, help="torch threads per worker")
+    ap.add_argument("--device", default="cpu", help="cpu or cuda")
+    ap.add_argument("--base-dir", type=Path, default=None, help="the base's package already exported here")
     return ap.parse_args(argv)
 
 
@@ -160,24 +175,27 @@ def main(argv: Sequence[str] | None = None) -> None:
     load = os.getloadavg()[0]
     print(f"hook versions: base {args.base} against the working tree; load average {load:.2f}", flush=True)
     with tempfile.TemporaryDirectory() as tmp:
-        base_src = export(args.base, Path(tmp))
+        base_src = args.base_dir.resolve() if args.base_dir else export(args.base, Path(tmp))
         for kind in args.models.split(","):
             for depth in (int(d) for d in args.depths.split(",")):
-                res = run(kind, depth, args.rounds, base_src, args.threads)
+                cpu, wall = run(kind, depth, args.rounds, base_src, args.threads, args.device)
                 label = f"{kind} {depth}"
-                for arm in ARMS:
-                    r = res[arm]
+                clocks = [("thread CPU", cpu)] + ([("wall", wall)] if args.device != "cpu" else [])
+                for clock, res in clocks:
+                    print(f"{label} on {args.device}, {clock}:", flush=True)
+                    for arm in ARMS:
+                        r = res[arm]
+                        print(
+                            f"  {arm:8s} step {r['step']:9.1f} µs   extra {r['median']:+7.1f} µs "
+                            f"(IQR {r['q1']:+.0f}..{r['q3']:+.0f}, middle-80% mean {r['mean80']:+.1f})",
+                            flush=True,
+                        )
+                    d = res["this-base"]
                     print(
-                        f"{label:9s} {arm:8s} step {r['step']:9.1f} µs   extra {r['median']:+7.1f} µs "
-                        f"(IQR {r['q1']:+.0f}..{r['q3']:+.0f}, middle-80% mean {r['mean80']:+.1f})",
+                        f"  this − base, per round: {d['median']:+.1f} µs "
+                        f"(IQR {d['q1']:+.0f}..{d['q3']:+.0f}, middle-80% mean {d['mean80']:+.1f})",
                         flush=True,
                     )
-                d = res["this-base"]
-                print(
-                    f"{label:9s} this − base, per round: {d['median']:+.1f} µs "
-                    f"(IQR {d['q1']:+.0f}..{d['q3']:+.0f}, middle-80% mean {d['mean80']:+.1f})",
-                    flush=True,
-                )
 
 
 if __name__ == "__main__":

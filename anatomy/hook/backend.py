@@ -161,6 +161,9 @@ class CudaBackend:
         self.known: KnownGrowth | None = None
         self._last_stats: CudaStats | None = None  # a full statistics read, only for a snapshot
         self.last_peak: tuple[int, Phase, int] | None = None  # the last snapshot's (peak, phase, step)
+        # The last step that read: (its start, the process-wide peak and allocated at its end) — what an
+        # ordinary (lean) step, which reads once at its end, is compared with.
+        self.steady: tuple[int, int, int] | None = None
 
     def read_start(self, rec: StepRecord) -> None:
         return None
@@ -192,14 +195,64 @@ class CudaBackend:
 
     def step_ends(self, rec: StepRecord, stats_due: bool) -> int | None:
         self.phase_ends(rec, Phase.OTHER)
+        if rec.cuda_start is not None and Feature.CUDA not in self._guard.off:
+            self.steady = (rec.cuda_start, rec.cuda_high, rec.cuda_phase_start)
         if stats_due and self._guard.ok(Feature.CUDA):  # a full statistics read (~0.1 ms)
             with self._guard(Feature.CUDA):
                 self._last_stats = self.allocator.stats()
         rec.cuda_end = self._last_stats
-        return None
+        # A step that read the allocator at its phase boundaries (the schedule's "heap read"): the steps
+        # after it, to the next one due, may read it once, at their end (lean_steady).
+        return rec.index if rec.cuda_start is not None and rec.cuda_peaks else None
 
     def trace_reader(self) -> Callable[[], int | None] | None:
         return self.allocator.allocated if self._guard.ok(Feature.CUDA) else None
+
+    # -- an ordinary step, read once, at its end (``anatomy.hook.lean``) ----------------------------
+
+    def lean_steady(self) -> bool:
+        """One read at an ordinary step's end: True where nothing moved since the last step that read —
+        no new process-wide high, the same bytes allocated at the end. Then the step's peak is the last
+        one's (same shapes, same allocations); otherwise the step ends the full way."""
+        steady = self.steady
+        if steady is None or Feature.CUDA in self._guard.off:
+            return False
+        try:
+            allocated, peak = self.allocator.current_and_peak()
+        except Exception as exc:
+            self._guard.fail(Feature.CUDA, exc)
+            return False
+        return peak == steady[1] and allocated == steady[2]
+
+    def lean_promoted(self, rec: StepRecord, phase: Phase) -> None:
+        """An ordinary step that read nothing became a record in ``phase``: its readings go on from here,
+        from the last reading step's start and high. A high passed meanwhile is this step's peak (exact:
+        the process-wide peak rose in it), in the phase last measured exactly (the lean step had no
+        boundary readings to say which)."""
+        steady = self.steady
+        if steady is None or Feature.CUDA in self._guard.off:
+            return
+        try:
+            allocated, peak = self.allocator.current_and_peak()
+            rec.cuda_start = steady[0]
+            if peak > steady[1]:
+                known = self.known
+                rose_in = known.phase if known is not None else phase
+                rec.cuda_peaks.append(PhasePeak(rose_in, peak, exact=True))
+            rec.cuda_high = peak
+            rec.cuda_phase_start = allocated
+            rec.cuda_phase = phase
+        except Exception as exc:
+            self._guard.fail(Feature.CUDA, exc)
+
+    def lean_finished(self, rec: StepRecord) -> None:
+        """A finished ordinary step's record, made afterwards (a rebuild, an OOM record): the readings of
+        the step it repeated."""
+        steady = self.steady
+        if steady is not None and rec.cuda_start is None:
+            rec.cuda_start, rec.cuda_high, rec.cuda_phase_start = steady
+            rec.cuda_phase = Phase.OTHER
+            rec.cuda_peaks.append(PhasePeak(Phase.OTHER, steady[2], exact=False))
 
     def trace_start(self, rec: StepRecord) -> int | None:
         return rec.cuda_start

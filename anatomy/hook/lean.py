@@ -25,9 +25,26 @@ from anatomy.hook.timing import (
     OPTIMIZER_PRE,
     StepClock,
 )
+from anatomy.vocabulary import Phase
 
 # How far the usual step has come.
 BEGUN, IN_FORWARD, FORWARD_DONE, IN_OPTIMIZER, UPDATED = range(5)
+# The phase a step is in at each stage (BEGUN: none yet).
+PHASE_AT = (Phase.OTHER, Phase.FORWARD, Phase.BACKWARD, Phase.OPTIMIZER, Phase.OTHER)
+
+
+class DeviceTimed:
+    """A lean step timed on the device, as the throughput's queue holds it until its events can be read:
+    what the step's rates need (``samples``, ``tokens``: as the step resolved them)."""
+
+    __slots__ = ("index", "profiled", "samples", "samples_seen", "tokens", "tokens_seen")
+
+    def __init__(self, index: int, samples: int | None, tokens: int | None) -> None:
+        self.index = index
+        self.samples = samples
+        self.tokens = tokens
+        self.samples_seen = self.tokens_seen = 0
+        self.profiled = False
 
 
 class LeanStep:
@@ -38,6 +55,7 @@ class LeanStep:
     __slots__ = (
         "active",
         "auto",
+        "clock",
         "ended",
         "forward_post",
         "forward_pre",
@@ -71,6 +89,8 @@ class LeanStep:
         self.shape: tuple[int, ...] | None = None
         self.shape_samples = 0  # a batch of ``shape``: its first dimension
         self.shape_tokens = 0  # its elements where it has two dimensions or more (tokens, if integers)
+        # On CUDA: the step's events, recorded at each stage beside the host times (None: host-timed).
+        self.clock: StepClock | None = None
 
     def learn_shape(self, shape: tuple[int, ...] | None) -> None:
         """The batch shape an ordinary step's forward may have (the one counted last)."""
@@ -88,7 +108,12 @@ class LeanStep:
         that ended plain and is referenced nowhere else). ``gradients`` and ``optimizer_states``: the
         tracker's sums, which change only on steps that measure — what this step read at the time."""
         index, auto, samples, tokens = self.index, self.auto, self.samples, self.tokens
-        if spare is not None:
+        device = self.clock
+        if device is not None:  # timed on the device: the record takes the step's clock, its events marked,
+            rec = StepRecord(index, auto, samples, tokens, device)  # and goes on the full way (not plain)
+            rec.quiet = True
+            rec.heap_on = False
+        elif spare is not None:
             rec = spare
             rec.index, rec.auto, rec.samples, rec.tokens = index, auto, samples, tokens
             rec.micro = rec.samples_seen = rec.tokens_seen = rec.in_forward = 0
@@ -102,7 +127,7 @@ class LeanStep:
             rec.quiet = rec.plain = True
             rec.heap_on = False
         rec.opt_begin, rec.grads_begin, rec.started = self.opt_begin, self.grads_begin, self.started
-        marks = rec.clock.marks
+        marks: list[tuple[str, object]] = [] if device is not None else rec.clock.marks
         marks.append((BEGIN, self.started))
         stage = self.stage
         if stage >= IN_FORWARD:

@@ -20,10 +20,10 @@ import math
 import time
 from time import perf_counter
 
-from anatomy.hook.backend import HeapBackend, MemoryBackend
+from anatomy.hook.backend import CudaBackend, HeapBackend, MemoryBackend
 from anatomy.hook.distributed import communication_bytes, ddp_buckets
 from anatomy.hook.guard import Feature
-from anatomy.hook.lean import BEGUN
+from anatomy.hook.lean import BEGUN, PHASE_AT, DeviceTimed
 from anatomy.hook.record import StepRecord
 from anatomy.hook.sampled import TRACE
 from anatomy.hook.schedule import HEAP, RECENT_STEPS, REFRESH, SAMPLED
@@ -69,6 +69,11 @@ class OrdinarySteps(StepSnapshots):
                     lean.opt_begin = sums.optimizer_states
                     lean.grads_begin = sums.gradients if probe.grad is not None else 0
                     lean.active = True
+                    if self._lean_on_device:  # (CUDA: the step's events beside the host times)
+                        device = lean.clock = self._step_clock(True)
+                        device.mark(BEGIN)
+                    else:
+                        lean.clock = None
                     lean.started = perf_counter()
                     return
             off = self._guard.off
@@ -163,21 +168,28 @@ class OrdinarySteps(StepSnapshots):
         if build or groups_step != throughput.op_groups_step or not self._repeat(rec):
             self._build(rec)
             self._publish_latest()
-        # The next ordinary step may end in O(1) (Tracker._end_plain) where it is timed on the host and
-        # nothing of an earlier step is still to be resolved.
+        # The next ordinary step may begin and end in O(1) (a LeanStep). On the host clock: where nothing
+        # of an earlier step is still to be resolved. On CUDA: its events go to the throughput's queue in
+        # order with every other step's (no op-group profile waiting), and it reads the allocator once, at
+        # its end (CudaBackend.lean_steady), once a step has read it in full.
         off = self._guard.off
+        on_device = self._cuda_events
+        cuda = isinstance(memory, CudaBackend)
+        steady = memory.steady if isinstance(memory, CudaBackend) else None
+        read_ok = not cuda or (Feature.CUDA not in off and steady is not None)
         self._plain_ok = (
             ORDINARY_IN_O1
-            and self._step_clock is StepClock
-            and not self._cuda_events
-            and (memory is None or not memory.is_cuda)
+            and (on_device or self._step_clock is StepClock)
+            and read_ok
             and self._probe_data is not None
             and self._zero_ref is None
             and Feature.TIMING not in off
             and Feature.CHANGES not in off
-            and throughput.idle
+            and (throughput.profiles_idle if on_device else throughput.idle)
             and self._latest is not None
         )
+        self._lean_on_device = on_device
+        self._lean_check = memory.lean_steady if isinstance(memory, CudaBackend) else None
         shape = self._schedule.input_shape if self._batch_shape is not None else None
         if shape != self._lean.shape:  # the batch shape an ordinary step's forward may have
             self._lean.learn_shape(shape)
@@ -195,8 +207,8 @@ class OrdinarySteps(StepSnapshots):
     def _end_plain(self, rec: StepRecord) -> bool:
         """An ordinary step that became a record (something beyond the usual step happened, yet nothing
         was measured) ends in O(1) all the same where :meth:`_end_ordinary` allows; False: the full way."""
-        if rec.window or rec.in_forward:
-            return False
+        if rec.window or rec.in_forward or rec.clock.cuda or rec.cuda_start is not None:
+            return False  # (a record timed on the device, or one that read the allocator: the full way)
         t = perf_counter()
         marks = rec.clock.marks
         d = durations_from_marks([*marks, (END, t)])  # (the usual step's are read in place, on a LeanStep)
@@ -246,6 +258,7 @@ class OrdinarySteps(StepSnapshots):
         forward_s: float,
         backward_s: float,
         optimizer_s: float,
+        device: StepClock | None = None,
     ) -> bool:
         """An ordinary step ends in O(1): its numbers go to the step feed as a row (the snapshot the last
         one built, with this step's number, time and timing, is made from it only where it is wanted).
@@ -270,10 +283,26 @@ class OrdinarySteps(StepSnapshots):
         self._steps_done = index + 1
         step_s = t - started
         sched = self._schedule
-        sched.trained_s += step_s  # (the budget's clock)
-        if step_s > 0:  # the schedule's pace (Schedule.note_step_s, written out)
-            sched.recent_step_s[sched.noted % RECENT_STEPS] = step_s
-            sched.noted += 1
+        sched.trained_s += step_s  # (the budget's clock: the training thread's time)
+        if device is None:
+            if step_s > 0:  # the schedule's pace (Schedule.note_step_s, written out)
+                sched.recent_step_s[sched.noted % RECENT_STEPS] = step_s
+                sched.noted += 1
+            samples_per_s = samples / step_s if samples and step_s > 0 else _NAN
+            tokens_per_s = tokens / step_s if tokens and step_s > 0 else _NAN
+        else:  # timed on the device: the row has the newest step times that can be read (never waits)
+            device.mark(END)
+            throughput = self._throughput
+            throughput.device_step(DeviceTimed(index, samples, tokens), device)
+            throughput.resolve()  # (the pace: noted as each resolves)
+            throughput.update_timing()
+            timing = throughput.timing
+            step_s = _NAN if timing.step_s is None else timing.step_s
+            forward_s = _NAN if timing.forward_s is None else timing.forward_s
+            backward_s = _NAN if timing.backward_s is None else timing.backward_s
+            optimizer_s = _NAN if timing.optimizer_s is None else timing.optimizer_s
+            samples_per_s = _NAN if timing.samples_per_s is None else timing.samples_per_s
+            tokens_per_s = _NAN if timing.tokens_per_s is None else timing.tokens_per_s
         seq = self._seq = self._seq + 1
         # The row (StepFeed.put, written out: floats into the preallocated ring, no object made).
         feed = self._feed
@@ -287,8 +316,8 @@ class OrdinarySteps(StepSnapshots):
         v[o + 4] = forward_s
         v[o + 5] = backward_s
         v[o + 6] = optimizer_s
-        v[o + 7] = samples / step_s if samples and step_s > 0 else _NAN
-        v[o + 8] = tokens / step_s if tokens and step_s > 0 else _NAN
+        v[o + 7] = samples_per_s
+        v[o + 8] = tokens_per_s
         v[o + PEAK] = self._base_peak
         feed.bases[w & MASK] = self._latest
         feed.written = w + 1
@@ -304,7 +333,11 @@ class OrdinarySteps(StepSnapshots):
         sums = self._sums
         rec = lean.record(self._spare, sums.gradients, sums.optimizer_states)
         lean.active = False
-        self._spare = None
+        if lean.clock is None:
+            self._spare = None
+        memory = self._memory
+        if lean.stage != BEGUN and isinstance(memory, CudaBackend):
+            memory.lean_promoted(rec, PHASE_AT[lean.stage])  # (before its first forward: read from there)
         self._step = rec
         return rec
 
@@ -313,6 +346,9 @@ class OrdinarySteps(StepSnapshots):
         if self._finished_lean:
             lean = self._lean_other if self._lean.active else self._lean
             sums = self._sums
-            self._finished = lean.record(None, sums.gradients, sums.optimizer_states)
+            rec = self._finished = lean.record(None, sums.gradients, sums.optimizer_states)
             self._finished_lean = False
+            memory = self._memory
+            if isinstance(memory, CudaBackend):
+                memory.lean_finished(rec)
         return self._finished

@@ -79,6 +79,8 @@ class PhaseHooks(CountingWindow):
                         lean.samples_seen = lean.tokens_seen = 0
                     lean.stage = IN_FORWARD
                     lean.forward_pre = perf_counter()
+                    if lean.clock is not None:
+                        lean.clock.mark(FORWARD_PRE)
                     return
                 rec = self._promote()
             else:
@@ -162,6 +164,8 @@ class PhaseHooks(CountingWindow):
                 if watch.registrations is not None and not watch.closed:
                     watch.registrations[watch.key] = watch.hook  # (ModelWatch.resume, written out)
                 lean.forward_post = perf_counter()
+                if lean.clock is not None:
+                    lean.clock.mark(FORWARD_POST)
             return  # (otherwise not in the forward)
         try:
             rec = self._step
@@ -254,6 +258,8 @@ class PhaseHooks(CountingWindow):
                 if lean.stage == FORWARD_DONE and lean.index != self._forced_refresh:
                     lean.stage = IN_OPTIMIZER  # the usual step's optimizer phase begins
                     lean.optimizer_pre = perf_counter()
+                    if lean.clock is not None:
+                        lean.clock.mark(OPTIMIZER_PRE)
                     return None
                 if lean.stage == IN_OPTIMIZER:
                     return None  # (begun already, by a framework's callback)
@@ -288,6 +294,8 @@ class PhaseHooks(CountingWindow):
             if lean.stage == IN_OPTIMIZER:
                 lean.stage = UPDATED
                 lean.optimizer_post = perf_counter()
+                if lean.clock is not None:
+                    lean.clock.mark(OPTIMIZER_POST)
                 if lean.auto:
                     self.end_step()
                 return
@@ -368,6 +376,8 @@ class PhaseHooks(CountingWindow):
             if lean.stage == FORWARD_DONE and lean.index != self._forced_refresh:
                 lean.stage = IN_OPTIMIZER  # the usual step's optimizer phase begins
                 lean.optimizer_pre = perf_counter()
+                if lean.clock is not None:
+                    lean.clock.mark(OPTIMIZER_PRE)
                 return
             if lean.stage == IN_OPTIMIZER:
                 return

@@ -9,6 +9,7 @@ from __future__ import annotations
 from collections import deque
 
 from anatomy.hook.guard import Feature, Guard
+from anatomy.hook.lean import DeviceTimed
 from anatomy.hook.opgroups import OpGroupProfiler
 from anatomy.hook.record import StepRecord
 from anatomy.hook.schedule import Schedule
@@ -26,8 +27,8 @@ class Throughput:
         self._schedule = schedule
         self.default_samples = samples
         self.default_tokens = tokens
-        self._pending_clocks: deque[tuple[StepRecord, StepClock]] = deque()
-        self._ready: tuple[StepRecord, StepClock] | None = None  # the newest resolved clock
+        self._pending_clocks: deque[tuple[StepRecord | DeviceTimed, StepClock]] = deque()
+        self._ready: tuple[StepRecord | DeviceTimed, StepClock] | None = None  # the newest resolved clock
         # Profiles (a whole step's, or a piece's) waiting to be read, in order, each with whether it
         # completes its round; a round's pieces add up to one step's op groups.
         self._pending_profiles: deque[tuple[int, OpGroupProfiler, bool]] = deque()
@@ -53,6 +54,16 @@ class Throughput:
         taken from it at the next build)."""
         if not rec.clock.cuda and Feature.TIMING not in self._guard.off:
             self._ready = (rec, rec.clock)
+
+    @property
+    def profiles_idle(self) -> bool:
+        """No op-group profile waits to be read."""
+        return not self._pending_profiles
+
+    def device_step(self, timed: DeviceTimed, clock: StepClock) -> None:
+        """A lean step's device clock (its events marked), read once the device has caught up, in order
+        with every other step's."""
+        self._pending_clocks.append((timed, clock))
 
     def step_finished(self, rec: StepRecord) -> None:
         if Feature.TIMING in self._guard.off:

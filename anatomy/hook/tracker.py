@@ -177,7 +177,8 @@ class Tracker(OrdinarySteps):
         self._quiet_until = self._looked_at = 0
         self._batch_shape = self._target_shape = None
         self._context: StepContext[Tracker] = StepContext(self, None, None)  # what step() returns, reused
-        self._plain_ok = False
+        self._plain_ok = self._lean_on_device = False
+        self._lean_check = None
         self._episode, self._plan, self._blocks, self._per_piece, self._traced_best = [], None, [], {}, None
         self._spare = None
         self._lean, self._lean_other, self._finished_lean = LeanStep(), LeanStep(), False
@@ -272,7 +273,8 @@ class Tracker(OrdinarySteps):
                 try:  # the usual step ends in O(1) where _end_ordinary allows
                     t = perf_counter()
                     fpost, opre = lean.forward_post, lean.optimizer_pre
-                    if self._end_ordinary(
+                    check = self._lean_check
+                    if (check is None or check()) and self._end_ordinary(
                         lean.index,
                         lean.auto,
                         1,
@@ -286,6 +288,7 @@ class Tracker(OrdinarySteps):
                         fpost - lean.forward_pre,
                         opre - fpost,
                         lean.optimizer_post - opre,
+                        lean.clock,
                     ):
                         lean.active = False
                         lean.ended = t

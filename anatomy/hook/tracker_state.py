@@ -16,6 +16,7 @@ budget cannot spare.
 from __future__ import annotations
 
 import weakref
+from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -105,6 +106,8 @@ class TrackerState:
     _batch_shape: tuple[int, ...] | None  # the first batch tensor's, for `plan --like`
     _target_shape: tuple[int, ...] | None  # the first batch's labels', likewise
     _plain_ok: bool  # the next ordinary step may begin and end in O(1) (StepRecord.plain)
+    _lean_on_device: bool  # ordinary steps record CUDA events beside their host times
+    _lean_check: Callable[[], bool] | None  # an ordinary step's one allocator read, at its end (CUDA)
     # -- sampled steps (anatomy.hook.sampled)
     _episode: list[str]  # the instruments still to run in the sampled episode in progress, in order
     _plan: PiecePlan | None  # the pieces of the instrument running, in a stack of blocks

@@ -1,0 +1,260 @@
+"""The ordinary step's O(1) path on CUDA (anatomy.hook.lean, CudaBackend.lean_steady): the step's events go
+to the throughput's queue in order with every other step's, and the allocator is read once, at its end.
+Driven on CPU by stand-ins for CUDA events (completed at once) and for the caching allocator's statistics —
+an allocator whose "allocated" is a deterministic count of the ops of the step so far, so that a run with
+the O(1) path and one without it read the same numbers: then every snapshot but its times comes out the
+same, a step that sets a new high included."""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from collections.abc import Callable
+from types import SimpleNamespace
+from typing import Any
+
+import pytest
+import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+
+import anatomy
+from anatomy.hook import ordinary
+from anatomy.hook.backend import CudaBackend
+from anatomy.hook.cuda import CudaAllocator
+from anatomy.hook.guard import Guard
+from anatomy.hook.lean import BEGUN, FORWARD_DONE, UPDATED
+from anatomy.hook.ordinary import OrdinarySteps
+from anatomy.hook.record import StepRecord
+from anatomy.hook.timing import StepClock
+from anatomy.hook.tracker import Tracker
+from anatomy.vocabulary import Phase
+from tests.hook.cuda_standins import nested_stats
+
+BASE = 10_000_000  # allocated before a step: the model, its gradients and optimizer state, in this stand-in
+H100 = "NVIDIA H100 80GB HBM3"
+PER_OP = 1_000  # each op of a step leaves this much more allocated until the step is over
+_PER_RUN = ("seq", "time", "timing", "suggestions", "achieved_tflops", "mfu")
+
+
+class OpCountingAllocator(TorchDispatchMode):
+    """The caching allocator's counters as a function of the ops run since the step began: deterministic,
+    the same in every run of the same steps. ``reads``: how many times the hook read it."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.ops = 0
+        self.peak = BASE
+        self.reads = 0
+
+    def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+        self.ops += 1
+        self.peak = max(self.peak, BASE + PER_OP * self.ops)
+        return func(*args, **(kwargs or {}))
+
+    def new_step(self) -> None:
+        self.ops = 0  # what the step allocated is freed as it ends
+
+    def memory_stats_as_nested_dict(self, device: Any = None) -> dict[str, Any]:
+        self.reads += 1
+        now = BASE + PER_OP * self.ops
+        return nested_stats(now, self.peak, reserved=self.peak + 4096)
+
+
+class CompletedEvent:
+    """torch.cuda.Event's surface, completed as soon as recorded; ``recorded`` counts the records."""
+
+    recorded = 0
+
+    def __init__(self, enable_timing: bool = False) -> None:
+        self.t = 0.0
+
+    def record(self, stream: Any = None) -> None:
+        CompletedEvent.recorded += 1
+        self.t = time.perf_counter()
+
+    def query(self) -> bool:
+        return True
+
+    def elapsed_time(self, end: CompletedEvent) -> float:
+        return (end.t - self.t) * 1000.0
+
+
+def _stand_ins(monkeypatch: pytest.MonkeyPatch) -> OpCountingAllocator:
+    monkeypatch.setattr(torch.cuda, "Event", CompletedEvent)
+    alloc = OpCountingAllocator()
+    monkeypatch.setattr(torch.cuda, "memory_stats_as_nested_dict", alloc.memory_stats_as_nested_dict)
+    props = SimpleNamespace(name=H100, total_memory=80 * 2**30)
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda *a: H100)
+    monkeypatch.setattr(torch.cuda, "get_device_properties", lambda *a: props)
+    use_device = Tracker._use_device
+
+    def as_on_cuda(self: Tracker, device: torch.device) -> None:
+        use_device(self, device)
+        self._cuda_events = True  # the CPU model's steps timed as a CUDA device's are: with events
+
+    monkeypatch.setattr(Tracker, "_use_device", as_on_cuda)
+    return alloc
+
+
+def _on_cuda(device: torch.device, guard: Guard) -> CudaBackend:
+    return CudaBackend(CudaAllocator(torch.device("cuda", 0)), guard)
+
+
+def _events(cuda: bool) -> StepClock:
+    return StepClock(cuda=True)  # the CPU model's steps timed with (stand-in) CUDA events
+
+
+def _tracker(model: torch.nn.Module, opt: torch.optim.Optimizer) -> anatomy.Tracker:
+    backend, clock = _on_cuda, _events
+    return anatomy.Tracker(
+        model, opt, publish=False, sample_every=0, interval_s=3600.0, memory_backend=backend, step_clock=clock
+    )
+
+
+def _usual(model: torch.nn.Module, opt: torch.optim.Optimizer, x: torch.Tensor, extra: int = 0) -> None:
+    y = model(x)
+    for _ in range(extra):  # a step that allocates more than the others: a new high
+        y = y * 1.0
+    y.sum().backward()
+    opt.step()
+    opt.zero_grad()
+
+
+def _run(lean: bool, monkeypatch: pytest.MonkeyPatch) -> tuple[list[dict[str, Any]], OpCountingAllocator]:
+    monkeypatch.setattr(ordinary, "ORDINARY_IN_O1", lean)
+    alloc = _stand_ins(monkeypatch)
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(16, 16), torch.nn.ReLU(), torch.nn.Linear(16, 1))
+    opt = torch.optim.SGD(model.parameters(), lr=1e-3)
+    tracker = _tracker(model, opt)
+    x, wide = torch.randn(8, 16), torch.randn(12, 16)
+
+    def step(body: Callable[[], None]) -> None:
+        alloc.new_step()
+        with alloc, tracker.step():
+            body()
+
+    for _ in range(8):
+        step(lambda: _usual(model, opt, x))
+    step(lambda: _usual(model, opt, x, extra=6))  # a new high on a step the lean path began
+    for _ in range(4):
+        step(lambda: _usual(model, opt, x))
+    step(lambda: _usual(model, opt, wide))  # a new batch shape
+    for _ in range(4):
+        step(lambda: _usual(model, opt, x))
+    def two_forwards() -> None:
+        model(x).sum().backward()
+        _usual(model, opt, x)
+
+    step(two_forwards)
+    for _ in range(4):
+        step(lambda: _usual(model, opt, x))
+    history = [
+        {k: v for k, v in dataclasses.asdict(snap).items() if k not in _PER_RUN} for snap in tracker.history
+    ]
+    timed = [snap.timing for snap in tracker.history]
+    tracker.close()
+    assert all(t.step_s and t.forward_s and t.optimizer_s for t in timed[1:])  # read from the events
+    return history, alloc
+
+
+def test_cuda_steps_come_out_as_the_full_way_makes_them(monkeypatch: pytest.MonkeyPatch) -> None:
+    full, full_alloc = _run(False, monkeypatch)
+    promoted: dict[int, int] = {}
+    real = OrdinarySteps._promote
+
+    def spy(self: Any) -> StepRecord:
+        promoted[self._lean.index] = self._lean.stage
+        return real(self)
+
+    monkeypatch.setattr(OrdinarySteps, "_promote", spy)
+    lean, lean_alloc = _run(True, monkeypatch)
+    assert [s["step"] for s in lean] == [s["step"] for s in full] == list(range(len(full)))
+    for a, b in zip(lean, full, strict=True):
+        assert a == b, a["step"]
+    peaks = [s["peak_bytes"] for s in lean]
+    assert peaks[8] > peaks[7]  # the high of step 8 is its own (and stands, as the full way has it)
+    assert all(s["error"] is None for s in lean)
+    assert lean[8]["peak_phase"] == full[8]["peak_phase"]
+    assert promoted.get(8) == UPDATED  # the new high, seen by the one read at its end
+    assert promoted.get(13) == BEGUN  # the new batch shape, at its forward: read from there as in full
+    assert promoted.get(18) == FORWARD_DONE  # the second forward
+    assert lean_alloc.reads < 0.6 * full_alloc.reads  # one read per ordinary step, not one per phase
+
+
+def test_an_ordinary_cuda_step_reads_once_and_records_six_events(monkeypatch: pytest.MonkeyPatch) -> None:
+    alloc = _stand_ins(monkeypatch)
+    model = torch.nn.Sequential(torch.nn.Linear(16, 16), torch.nn.ReLU(), torch.nn.Linear(16, 1))
+    opt = torch.optim.SGD(model.parameters(), lr=1e-3)
+    tracker = _tracker(model, opt)
+    x = torch.randn(8, 16)
+    for _ in range(6):
+        alloc.new_step()
+        with alloc, tracker.step():
+            _usual(model, opt, x)
+    made: list[int] = []
+    real_init = StepRecord.__init__
+
+    def counting_init(self: StepRecord, *args: Any, **kwargs: Any) -> None:
+        made.append(args[0] if args else kwargs["index"])
+        real_init(self, *args, **kwargs)
+
+    monkeypatch.setattr(StepRecord, "__init__", counting_init)
+    reads, events = alloc.reads, CompletedEvent.recorded
+    for _ in range(20):
+        alloc.new_step()
+        with alloc, tracker.step():
+            _usual(model, opt, x)
+    snap = tracker.latest
+    queue_empty = not tracker.throughput.pending
+    tracker.close()
+    assert made == []
+    assert alloc.reads - reads == 20  # one allocator read a step, at its end
+    assert CompletedEvent.recorded - events == 20 * 6  # begin, forward start and end, optimizer both, end
+    assert snap is not None and snap.step == 25 and queue_empty
+    assert snap.timing.step_s and snap.timing.forward_s and snap.timing.backward_s and snap.timing.optimizer_s
+    assert snap.timing.samples_per_s == pytest.approx(8 / snap.timing.step_s)
+    assert snap.peak_bytes == alloc.peak  # the usual step's peak: the process-wide one, never exceeded
+
+
+def test_the_backend_read_once_at_an_ordinary_steps_end(monkeypatch: pytest.MonkeyPatch) -> None:
+    """lean_steady: no new high and the same bytes at the end; lean_promoted: a new high is the step's
+    peak, exact, in the phase last measured; lean_finished: a finished lean step's record repeats the
+    last readings."""
+    values = {"current": 5_000, "peak": 9_000}
+    monkeypatch.setattr(
+        torch.cuda,
+        "memory_stats_as_nested_dict",
+        lambda device=None: nested_stats(values["current"], values["peak"], reserved=10_000),
+    )
+    guard = Guard()
+    backend = CudaBackend(CudaAllocator(torch.device("cuda", 0)), guard)
+    assert not backend.lean_steady()  # nothing read in full yet
+    rec = StepRecord(0, False, None, None, StepClock(False))
+    for phase in (Phase.FORWARD, Phase.BACKWARD, Phase.OPTIMIZER):
+        backend.phase_ends(rec, phase)
+    backend.step_ends(rec, stats_due=True)
+    assert backend.steady == (5_000, 9_000, 5_000)
+    assert backend.lean_steady()
+    values["current"] = 5_100  # left more allocated than the last step
+    assert not backend.lean_steady()
+    values["current"], values["peak"] = 5_000, 9_500  # a new high
+    assert not backend.lean_steady()
+    backend.known = None
+    promoted = StepRecord(1, False, None, None, StepClock(False))
+    backend.lean_promoted(promoted, Phase.OTHER)
+    assert promoted.cuda_start == 5_000 and promoted.cuda_high == 9_500
+    assert [(p.phase, p.value, p.exact) for p in promoted.cuda_peaks] == [(Phase.OTHER, 9_500, True)]
+    backend.step_ends(promoted, stats_due=False)
+    assert backend.step_peak(promoted, 5_000)[0] == 9_500
+    finished = StepRecord(2, False, None, None, StepClock(False))
+    backend.lean_finished(finished)
+    assert (finished.cuda_start, finished.cuda_high) == (5_000, 9_500)
+    assert backend.peak(finished, _parts(finished)) is not None
+
+
+def _parts(rec: StepRecord) -> Any:
+    from anatomy.hook.record import Sums
+    from anatomy.hook.split import step_parts
+
+    return step_parts(rec, Sums())
