@@ -70,7 +70,7 @@ class OrdinarySteps(StepSnapshots):
                     lean.grads_begin = sums.gradients if probe.grad is not None else 0
                     lean.active = True
                     if self._lean_on_device:  # (CUDA: the step's events beside the host times)
-                        device = lean.clock = self._step_clock(True)
+                        device = lean.clock = self._clock_ring.take()
                         device.mark(BEGIN)
                     else:
                         lean.clock = None

@@ -73,24 +73,39 @@ def current_stream() -> CurrentStream:
 
 
 class StepClock:
-    """The marks of one step, in the order they happened (``marks``: (kind, time or CUDA event))."""
+    """The marks of one step, in the order they happened (``marks``: (kind, time or CUDA event)). On CUDA
+    the events it made stay with it: :meth:`reuse` gives it to another step, which records them again."""
 
-    __slots__ = ("_events", "_stream", "cuda", "marks")
+    __slots__ = ("_events", "_made", "_stream", "_used", "cuda", "marks")
 
     def __init__(self, cuda: bool = False) -> None:
         self.cuda = cuda
         self.marks: list[tuple[str, Any]] = []
         self._events: Any = None
         self._stream: CurrentStream | None = None
+        self._made: list[Any] = []  # the CUDA events made so far, in the order of their first use
+        self._used = 0  # of those, how many this step recorded
         if cuda:
             import torch
 
             self._events = torch.cuda.Event
             self._stream = current_stream()
 
+    def reuse(self) -> None:
+        """A new step on this clock: no marks, its events to be recorded again (making a CUDA event costs
+        more than recording one). Only once nothing reads this clock's events any more."""
+        self.marks = []
+        self._used = 0
+
     def mark(self, kind: str) -> None:
         if self.cuda:
-            ev = self._events(enable_timing=True)
+            made, used = self._made, self._used
+            if used < len(made):
+                ev = made[used]
+            else:
+                ev = self._events(enable_timing=True)
+                made.append(ev)
+            self._used = used + 1
             stream = self._stream.get() if self._stream is not None else None
             if stream is None:
                 ev.record()
@@ -153,6 +168,34 @@ class StepClock:
 # Makes a step's clock, given whether it can time the step on the device (CUDA events): the class itself,
 # unless a tracker's constructor is given another (a test's fake events).
 ClockFactory = Callable[[bool], StepClock]
+
+# Clocks of ordinary CUDA steps in the ring: more than the throughput's queue holds (64 waiting, the newest
+# read, the step in progress), so a clock taken again has been read or dropped by then.
+RING = 72
+
+
+class ClockRing:
+    """The device clocks of ordinary (lean) CUDA steps, each made once and taken again every ``RING``
+    steps with its events (:meth:`StepClock.reuse`)."""
+
+    __slots__ = ("_clocks", "_factory", "_next")
+
+    def __init__(self, factory: ClockFactory) -> None:
+        self._factory = factory
+        self._clocks: list[StepClock] = []
+        self._next = 0
+
+    def take(self) -> StepClock:
+        i = self._next
+        self._next = i + 1 if i + 1 < RING else 0
+        clocks = self._clocks
+        if i < len(clocks):
+            clock = clocks[i]
+            clock.reuse()
+            return clock
+        clock = self._factory(True)
+        clocks.append(clock)
+        return clock
 
 
 def durations_from_marks(marks: list[tuple[str, float]]) -> StepDurations | None:

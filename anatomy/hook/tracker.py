@@ -69,6 +69,7 @@ from anatomy.hook.throughput import Throughput
 from anatomy.hook.timing import (
     BACKWARD_END,
     ClockFactory,
+    ClockRing,
     StepClock,
 )
 from anatomy.recorder import RecordSetting
@@ -160,6 +161,7 @@ class Tracker(OrdinarySteps):
         self._autocast_dtype, self._grad_scaler = None, False
         self._device, self._cuda_events = None, False
         self._step_clock, self._backend_factory = step_clock, memory_backend
+        self._clock_ring = ClockRing(step_clock)
         self._heap, self._memory = None, None
         self._param_count, self._param_dtype, self._trainable_count = 0, torch.float32, 0
         self._quantization = None

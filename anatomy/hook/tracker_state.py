@@ -35,7 +35,7 @@ from anatomy.hook.record import StepRecord, Sums, Traced
 from anatomy.hook.saved import SavedTensorCounter
 from anatomy.hook.schedule import Schedule
 from anatomy.hook.throughput import Throughput
-from anatomy.hook.timing import ClockFactory
+from anatomy.hook.timing import ClockFactory, ClockRing
 from anatomy.protocol import Hello, Snapshot, Suggestion
 from anatomy.step_feed import FeedHistory, StepFeed
 from anatomy.vocabulary import Component, OptimizerKind, Precision
@@ -107,6 +107,7 @@ class TrackerState:
     _target_shape: tuple[int, ...] | None  # the first batch's labels', likewise
     _plain_ok: bool  # the next ordinary step may begin and end in O(1) (StepRecord.plain)
     _lean_on_device: bool  # ordinary steps record CUDA events beside their host times
+    _clock_ring: ClockRing  # their clocks, made once and used again
     _lean_check: Callable[[], bool] | None  # an ordinary step's one allocator read, at its end (CUDA)
     # -- sampled steps (anatomy.hook.sampled)
     _episode: list[str]  # the instruments still to run in the sampled episode in progress, in order

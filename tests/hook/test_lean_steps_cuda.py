@@ -25,7 +25,7 @@ from anatomy.hook.guard import Guard
 from anatomy.hook.lean import BEGUN, FORWARD_DONE, UPDATED
 from anatomy.hook.ordinary import OrdinarySteps
 from anatomy.hook.record import StepRecord
-from anatomy.hook.timing import StepClock
+from anatomy.hook.timing import BEGIN, END, FORWARD_POST, FORWARD_PRE, RING, StepClock
 from anatomy.hook.tracker import Tracker
 from anatomy.vocabulary import Phase
 from tests.hook.cuda_standins import nested_stats
@@ -61,11 +61,14 @@ class OpCountingAllocator(TorchDispatchMode):
 
 
 class CompletedEvent:
-    """torch.cuda.Event's surface, completed as soon as recorded; ``recorded`` counts the records."""
+    """torch.cuda.Event's surface, completed as soon as recorded (unless the device is held back:
+    ``lagging``); ``made`` and ``recorded`` count the events made and the records."""
 
-    recorded = 0
+    made = recorded = 0
+    lagging = False
 
     def __init__(self, enable_timing: bool = False) -> None:
+        CompletedEvent.made += 1
         self.t = 0.0
 
     def record(self, stream: Any = None) -> None:
@@ -73,7 +76,7 @@ class CompletedEvent:
         self.t = time.perf_counter()
 
     def query(self) -> bool:
-        return True
+        return not CompletedEvent.lagging
 
     def elapsed_time(self, end: CompletedEvent) -> float:
         return (end.t - self.t) * 1000.0
@@ -258,3 +261,56 @@ def _parts(rec: StepRecord) -> Any:
     from anatomy.hook.split import step_parts
 
     return step_parts(rec, Sums())
+
+
+def test_ordinary_cuda_steps_record_the_same_events_again(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Making a CUDA event costs more than recording one: an ordinary step's clock comes from a ring of
+    RING, its events made once. A device that falls behind by more than the ring (its events not done)
+    loses those steps' times, never the later ones."""
+    alloc = _stand_ins(monkeypatch)
+    CompletedEvent.lagging = False
+    model = torch.nn.Sequential(torch.nn.Linear(16, 16), torch.nn.ReLU(), torch.nn.Linear(16, 1))
+    opt = torch.optim.SGD(model.parameters(), lr=1e-3)
+    tracker = _tracker(model, opt)
+    x = torch.randn(8, 16)
+
+    def steps(n: int) -> None:
+        for _ in range(n):
+            alloc.new_step()
+            with alloc, tracker.step():
+                _usual(model, opt, x)
+
+    steps(6)
+    made = CompletedEvent.made
+    steps(RING)
+    first_lap = CompletedEvent.made - made
+    steps(RING + 10)
+    assert first_lap <= 6 * RING and CompletedEvent.made - made == first_lap  # none made on the second lap
+    CompletedEvent.lagging = True  # the device falls behind: nothing can be read for two laps
+    steps(2 * RING)
+    assert tracker.throughput.pending <= 65
+    stale = tracker.throughput.timing_step
+    CompletedEvent.lagging = False
+    steps(3)
+    snap = tracker.latest
+    tracker.close()
+    assert stale is not None and stale < 6 + 2 * RING + 10
+    assert tracker.throughput.timing_step == snap.step == 6 + 4 * RING + 10 + 2  # caught up: the newest
+    assert snap.timing.step_s and snap.timing.forward_s and snap.error is None
+
+
+def test_a_clock_used_again_records_its_own_events_again() -> None:
+    clock = StepClock(cuda=False)
+    clock.cuda, clock._events, clock._stream = True, CompletedEvent, None
+    for kind in (BEGIN, FORWARD_PRE, FORWARD_POST, END):
+        clock.mark(kind)
+    events = [ev for _, ev in clock.marks]
+    clock.reuse()
+    assert clock.marks == []
+    clock.mark(BEGIN)
+    clock.later_forward()  # (no optimizer step before it: nothing)
+    for kind in (FORWARD_PRE, FORWARD_POST, END, END):
+        clock.mark(kind)
+    again = [ev for _, ev in clock.marks]
+    assert again[:4] == events and again[4] not in events  # the fifth mark: a new event, kept from then on
+    assert len({id(ev) for ev in again}) == 5
