@@ -173,7 +173,8 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
 def main(argv: Sequence[str] | None = None) -> None:
     args = parse_args(argv)
     load = os.getloadavg()[0]
-    print(f"hook versions: base {args.base} against the working tree; load average {load:.2f}", flush=True)
+    base = f"the package in {args.base_dir}" if args.base_dir else args.base
+    print(f"hook versions: base {base} against the working tree; load average {load:.2f}", flush=True)
     with tempfile.TemporaryDirectory() as tmp:
         base_src = args.base_dir.resolve() if args.base_dir else export(args.base, Path(tmp))
         for kind in args.models.split(","):
