@@ -1,16 +1,24 @@
 """An ordinary step in progress, held as a few slots rather than a :class:`~anatomy.hook.record.StepRecord`.
 
-On an ordinary step (nothing due, timed on the host) the usual step is one forward, one optimizer step and
-nothing else: begin, forward start and end, optimizer start and end, end. The tracker's hooks follow that
-sequence on a :class:`LeanStep` — a stage number and five clock readings: no record reset, no mark tuple —
-because after a big step the hook's code runs cold in the CPU caches and every line of it costs (a 2-block
-MLP, measured in one process: the hook's functions took 48 µs a step before, 28 µs after; hooks that do
-nothing cost ~20 µs there, torch's hook dispatch included).
+On an ordinary step (nothing due by the schedule, no change seen) the usual step is one forward, one
+optimizer step and nothing else: begin, forward start and end, optimizer start and end, end. The tracker's
+hooks follow that sequence on a :class:`LeanStep` — a stage number and five clock readings: no record reset,
+no mark tuple — because after a big step the hook's code runs cold in the CPU caches and every line of it
+costs (a 2-block MLP, measured in one process: the hook's functions took 48 µs a step before, 28 µs after;
+hooks that do nothing cost ~20 µs there, torch's hook dispatch included).
 
 Anything else — a second forward, a new batch shape, a closure, a framework's callback (but the Trainer's
 optimizer begin and end, which the usual step already marks), a backward end, an exception, a step block
 without an update — makes the step a record (:meth:`LeanStep.record`: exactly the record the
 general path would hold at that point) and the general path goes on from there.
+
+On CUDA the step's times are the device's: each stage also records a CUDA event on the step's ``clock``
+(one of :class:`~anatomy.hook.timing.ClockRing`'s, its events made once), which goes to the throughput's queue
+with every other step's and is read once the device has caught up; and the allocator is read once, at the
+step's end (:meth:`~anatomy.hook.backend.CudaBackend.lean_steady`), where the full way reads it at every phase
+boundary. A lean CUDA step that becomes a record reads it there and goes on from the last reading step's
+start (:meth:`~anatomy.hook.backend.CudaBackend.lean_promoted`); its record keeps the step's clock and goes
+the full way (never ``plain``).
 """
 
 from __future__ import annotations

@@ -2,8 +2,8 @@
 
 A step begins in :meth:`OrdinarySteps._begin`: the schedule's checks, the re-sums, the heap's first read
 and a sampled step's instruments, where any is due — or, on an ordinary step (nothing due by the step
-count, no change seen, timed on the host), nothing but a :class:`~anatomy.hook.lean.LeanStep` begun (no
-record made) and the clock read. The hooks move it through the usual step; it ends in O(1)
+count, no change seen), nothing but a :class:`~anatomy.hook.lean.LeanStep` begun (no record made) and the
+clock read (on CUDA also an event recorded). The hooks move it through the usual step; it ends in O(1)
 (:meth:`OrdinarySteps._end_ordinary`): its numbers go to the step feed as one row of floats, no snapshot
 and no object made; the snapshot (the last one built, with the step's number, time and timing) is made
 from the row only where one is wanted (:mod:`anatomy.step_feed`). A step that became a record while it
