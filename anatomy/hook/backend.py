@@ -29,6 +29,7 @@ from anatomy.hook.record import (
     Traced,
 )
 from anatomy.hook.split import explained, held_in_phase
+from anatomy.hook.timing import USUAL_STEP
 from anatomy.protocol import CudaMemory
 from anatomy.vocabulary import Phase
 
@@ -195,7 +196,12 @@ class CudaBackend:
 
     def step_ends(self, rec: StepRecord, stats_due: bool) -> int | None:
         self.phase_ends(rec, Phase.OTHER)
-        if rec.cuda_start is not None and Feature.CUDA not in self._guard.off:
+        # Only a usual step's readings (its start read as its one forward began, before any optimizer) are
+        # what an ordinary step that reads nothing repeats: after any other (a forward in a closure, two
+        # forwards) the next step reads in full.
+        self.steady = None
+        usual = rec.micro == 1 and not rec.closure and [kind for kind, _ in rec.clock.marks] == USUAL_STEP
+        if usual and rec.cuda_start is not None and Feature.CUDA not in self._guard.off:
             self.steady = (rec.cuda_start, rec.cuda_high, rec.cuda_phase_start)
         if stats_due and self._guard.ok(Feature.CUDA):  # a full statistics read (~0.1 ms)
             with self._guard(Feature.CUDA):

@@ -127,7 +127,7 @@ class LeanStep:
             rec.micro = rec.samples_seen = rec.tokens_seen = rec.in_forward = 0
             rec.grads = rec.opt_after = None
             rec.optimizer_ran = rec.in_optimizer = rec.updated = rec.suspended = False
-            rec.recall = rec.counting = rec.window = False
+            rec.recall = rec.counting = rec.window = rec.closure = False
             rec.blocks = 1
             rec.clock.marks.clear()
         else:

@@ -269,6 +269,8 @@ class PhaseHooks(CountingWindow):
             with self._guard(Feature.OPTIMIZER):
                 wrapped = wrap_closure(self, args, kwargs)
             if wrapped is not None:
+                if self._step is not None:
+                    self._step.closure = True
                 return wrapped
         try:
             rec = self._step

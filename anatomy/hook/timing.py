@@ -19,6 +19,8 @@ OPTIMIZER_PRE = "optimizer_pre"
 OPTIMIZER_POST = "optimizer_post"
 BACKWARD_END = "backward_end"  # a micro-batch's backward is done (gradient accumulation)
 END = "end"
+# The usual step's marks, in order: one forward, then one optimizer step.
+USUAL_STEP = [BEGIN, FORWARD_PRE, FORWARD_POST, OPTIMIZER_PRE, OPTIMIZER_POST, END]
 
 
 @dataclass(slots=True)  # (not frozen: a frozen dataclass's __init__ costs a call per field, every step)
