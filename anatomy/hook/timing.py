@@ -85,7 +85,7 @@ class StepClock:
         self.marks: list[tuple[str, Any]] = []
         self._events: Any = None
         self._stream: CurrentStream | None = None
-        self._made: list[Any] = []  # the CUDA events made so far, in the order of their first use
+        self._made: list[tuple[str, Any]] = []  # the marks with CUDA events made so far, in order of use
         self._used = 0  # of those, how many this step recorded
         if cuda:
             import torch
@@ -96,24 +96,27 @@ class StepClock:
     def reuse(self) -> None:
         """A new step on this clock: no marks, its events to be recorded again (making a CUDA event costs
         more than recording one). Only once nothing reads this clock's events any more."""
-        self.marks = []
+        self.marks.clear()
         self._used = 0
 
     def mark(self, kind: str) -> None:
         if self.cuda:
             made, used = self._made, self._used
-            if used < len(made):
-                ev = made[used]
+            if used < len(made):  # (the mark itself kept too: no object made on a step that reuses)
+                mark = made[used]
+                if mark[0] != kind:
+                    mark = made[used] = (kind, mark[1])
             else:
-                ev = self._events(enable_timing=True)
-                made.append(ev)
+                mark = (kind, self._events(enable_timing=True))
+                made.append(mark)
             self._used = used + 1
+            ev = mark[1]
             stream = self._stream.get() if self._stream is not None else None
             if stream is None:
                 ev.record()
             else:
                 ev.record(stream)
-            self.marks.append((kind, ev))
+            self.marks.append(mark)
         else:
             self.marks.append((kind, time.perf_counter()))
 
