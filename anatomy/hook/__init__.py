@@ -2,7 +2,8 @@
 
 ``tracker`` (the :class:`Tracker` and ``track``: the step's life cycle), built in layers over
 ``tracker_state`` (its state, declared once): ``attach`` (set-up, sums, device, what it detects),
-``sampled`` (the sampled step's instruments), ``phases`` (the phase hooks), ``snapshots`` (a finished
+``sampled`` (the sampled step's instruments), ``phases`` (the phase hooks), ``framework`` (a framework's
+calls: Lightning's forward, a backward's end), ``snapshots`` (a finished
 step's snapshot and publishing) and ``ordinary`` (how a step begins; an ordinary step's O(1) end, a row
 in :mod:`anatomy.step_feed`), with ``assembly`` (pure: a step record to its memory result and snapshot)
 and ``step_context`` (``with tracker.step():``, the wrapped closure); ``schedule``

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 from anatomy.hook.record import StepRecord
 from anatomy.hook.timing import (
+    BACKWARD_END,
     BEGIN,
     END,
     FORWARD_POST,
@@ -63,10 +64,14 @@ class LeanStep:
     __slots__ = (
         "active",
         "auto",
+        "backward_ended",
         "clock",
+        "closure",
+        "depth",
         "ended",
         "forward_post",
         "forward_pre",
+        "framework",
         "grads_begin",
         "index",
         "opt_begin",
@@ -99,6 +104,10 @@ class LeanStep:
         self.shape_tokens = 0  # its elements where it has two dimensions or more (tokens, if integers)
         # On CUDA: the step's events, recorded at each stage beside the host times (None: host-timed).
         self.clock: StepClock | None = None
+        self.framework = False  # the forward was opened by a framework's call (forward_begin)
+        self.depth = 0  # the model's own forwards open inside the framework's
+        self.closure = False  # the optimizer's closure was wrapped (the framework's forward runs in it)
+        self.backward_ended = 0.0  # a framework's backward end (0.0: none; the optimizer's start ends it)
 
     def learn_shape(self, shape: tuple[int, ...] | None) -> None:
         """The batch shape an ordinary step's forward may have (the one counted last)."""
@@ -142,9 +151,12 @@ class LeanStep:
             rec.micro = 1
             rec.samples_seen, rec.tokens_seen = self.samples_seen, self.tokens_seen
             marks.append((FORWARD_PRE, self.forward_pre))
-            rec.in_forward = 1 if stage == IN_FORWARD else 0
+            rec.in_forward = 1 + self.depth if stage == IN_FORWARD else 0
+        rec.closure = self.closure
         if stage >= FORWARD_DONE:
             marks.append((FORWARD_POST, self.forward_post))
+            if self.backward_ended:
+                marks.append((BACKWARD_END, self.backward_ended))
         if stage >= IN_OPTIMIZER:
             rec.optimizer_ran = True
             rec.in_optimizer = stage == IN_OPTIMIZER

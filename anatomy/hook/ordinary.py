@@ -65,6 +65,9 @@ class OrdinarySteps(StepSnapshots):
                     self._lean = lean
                     lean.index, lean.auto, lean.samples, lean.tokens = index, auto, samples, tokens
                     lean.stage = BEGUN
+                    lean.framework = lean.closure = False
+                    lean.depth = 0
+                    lean.backward_ended = 0.0
                     sums = self._sums
                     lean.opt_begin = sums.optimizer_states
                     lean.grads_begin = sums.gradients if probe.grad is not None else 0

@@ -24,7 +24,7 @@ from anatomy.hook.record import StepRecord
 from anatomy.hook.saved_values import input_storage_keys
 from anatomy.hook.split import explained_after_optimizer, held_after_optimizer
 from anatomy.hook.step_context import wrap_closure
-from anatomy.hook.timing import BACKWARD_END, FORWARD_POST, FORWARD_PRE, OPTIMIZER_POST, OPTIMIZER_PRE
+from anatomy.hook.timing import FORWARD_POST, FORWARD_PRE, OPTIMIZER_POST, OPTIMIZER_PRE
 from anatomy.hook.window import CountingWindow
 from anatomy.vocabulary import Phase
 
@@ -66,6 +66,9 @@ class PhaseHooks(CountingWindow):
             if lean.active:
                 if not torch.is_grad_enabled():
                     return  # (a forward outside the step's graph)
+                if lean.framework and lean.stage == IN_FORWARD:
+                    lean.depth += 1  # (the model's own forward, inside the framework's: counted once)
+                    return
                 if lean.stage == BEGUN and x is not None and x.shape == lean.shape:
                     # The usual step's forward on the batch shape counted last: nothing is due.
                     regs = self._model_watch.registrations
@@ -159,6 +162,10 @@ class PhaseHooks(CountingWindow):
         lean = self._lean
         if lean.active:
             if lean.stage == IN_FORWARD:
+                if lean.depth:  # (a forward nested in the framework's ends)
+                    lean.depth -= 1
+                    return
+                lean.framework = False
                 lean.stage = FORWARD_DONE
                 watch = self._model_watch
                 if watch.registrations is not None and not watch.closed:
@@ -211,39 +218,6 @@ class PhaseHooks(CountingWindow):
         except Exception as exc:
             self._guard.fail(Feature.FORWARD, exc)
 
-    def forward_begin(self, batch: Any = None) -> None:
-        """A framework's training forward starts — Lightning's ``training_step``, which may call any of
-        the model's submodules (``self.model(...)``) rather than the model's own forward. The model's
-        forward hooks inside it nest and are not counted twice. ``batch``: its first tensor gives the
-        micro-batch's size."""
-        if self._lean.active:
-            self._promote()
-        if not self.enabled or self._step is None:
-            return
-        args = (batch,) if isinstance(batch, torch.Tensor) else ()
-        self._on_forward_pre(self.model, args, {})
-
-    def forward_end(self) -> None:
-        """The framework's forward is done (its loss exists; Lightning's ``on_before_backward``)."""
-        if self._lean.active:
-            self._promote()
-        rec = self._step
-        if not self.enabled or rec is None or rec.in_forward != 1:
-            return
-        self._on_forward_post(self.model, (), None)
-
-    def backward_begin(self) -> None:
-        """The framework's loss goes to backward (Lightning's ``on_before_backward``): its forward is done,
-        also a later one of the same step that began after an optimizer step (manual optimization)."""
-        if self._lean.active:
-            self._promote()
-        rec = self._step
-        later = rec is not None and not rec.in_forward and rec.optimizer_ran and not rec.in_optimizer
-        if self.enabled and later and rec is not None:
-            with self._guard(Feature.TIMING):
-                rec.clock.later_forward()
-        self.forward_end()
-
     def _on_optimizer_pre(self, optimizer: Any, args: Any, kwargs: Any) -> tuple[Any, Any] | None:
         """An optimizer step begins. With a closure (LBFGS, Lightning), forward and backward run inside
         the step: the optimizer phase begins when the closure returns, so the closure is wrapped — the
@@ -263,6 +237,14 @@ class PhaseHooks(CountingWindow):
                     return None
                 if lean.stage == IN_OPTIMIZER:
                     return None  # (begun already, by a framework's callback)
+            elif lean.framework and lean.stage == IN_FORWARD and not lean.closure:
+                # Lightning's automatic optimization: the framework's forward runs in the closure
+                wrapped = None
+                with self._guard(Feature.OPTIMIZER):
+                    wrapped = wrap_closure(self, args, kwargs)
+                if wrapped is not None:
+                    lean.closure = True
+                    return wrapped
             self._promote()
         wrapped = None
         if kwargs or len(args) > 1:  # (a plain ``step()`` gets only the optimizer: nothing to look at)
@@ -333,7 +315,10 @@ class PhaseHooks(CountingWindow):
     def closure_begin(self) -> None:
         """A closure passed to the optimizer's step starts (its forward). Called again inside the same
         optimizer step (LBFGS re-evaluates), the optimizer phase pauses for it."""
-        if self._lean.active:
+        lean = self._lean
+        if lean.active:
+            if lean.closure and lean.stage == IN_FORWARD:
+                return  # (the closure the usual framework step wrapped, called once, in its forward)
             self._promote()
         rec = self._step
         if not self.enabled or rec is None or not rec.in_optimizer:
@@ -345,30 +330,6 @@ class PhaseHooks(CountingWindow):
     def closure_end(self) -> None:
         """The closure returned: this step's gradients are complete, the optimizer's math begins."""
         self.optimizer_begin()
-
-    def backward_end(self) -> None:
-        """A micro-batch's backward is done (the Trainer's ``on_substep_end``): its gradients exist."""
-        if self._lean.active:
-            self._promote()
-        rec = self._step
-        if not self.enabled or rec is None or rec.in_forward or rec.suspended:
-            return
-        if rec.window or self._counter.active:
-            self._close_window(rec)
-        try:
-            clock = rec.clock
-            if clock.cuda:
-                if Feature.TIMING not in self._guard.off:
-                    clock.mark(BACKWARD_END)
-            elif Feature.TIMING not in self._guard.off:
-                clock.marks.append((BACKWARD_END, perf_counter()))  # (StepClock.mark, written out)
-            memory = self._memory
-            if memory is not None and rec.heap_on:
-                grads = self._sums.gradients
-                held = Held(gradients=max(grads, rec.grads_begin), optimizer_states=rec.opt_begin)
-                memory.read(rec, Phase.BACKWARD, max(grads - rec.grads_begin, 0), held)
-        except Exception as exc:
-            self._guard.fail(Feature.BACKWARD, exc)
 
     def optimizer_begin(self) -> None:
         """Gradients are complete: measure them, and start the optimizer phase. Called by the

@@ -29,8 +29,8 @@ from anatomy.hook.assembly import (
     unmeasured,
 )
 from anatomy.hook.backend import CudaBackend
+from anatomy.hook.framework import FrameworkCalls
 from anatomy.hook.guard import Feature
-from anatomy.hook.phases import PhaseHooks
 from anatomy.hook.record import StepRecord
 from anatomy.hook.split import step_parts
 from anatomy.hook.throughput import Throughput
@@ -42,7 +42,7 @@ log = logging.getLogger("anatomy")
 _NAN = math.nan
 
 
-class StepSnapshots(PhaseHooks):
+class StepSnapshots(FrameworkCalls):
     """A finished step's snapshot, the latest one, and where it goes."""
 
     @property

@@ -275,6 +275,7 @@ class Tracker(OrdinarySteps):
                 try:  # the usual step ends in O(1) where _end_ordinary allows
                     t = perf_counter()
                     fpost, opre = lean.forward_post, lean.optimizer_pre
+                    bend = lean.backward_ended or opre  # (a framework's backward end, else the optimizer)
                     check = self._lean_check
                     if (check is None or check()) and self._end_ordinary(
                         lean.index,
@@ -288,7 +289,7 @@ class Tracker(OrdinarySteps):
                         lean.started,
                         t,
                         fpost - lean.forward_pre,
-                        opre - fpost,
+                        bend - fpost,
                         lean.optimizer_post - opre,
                         lean.clock,
                     ):

@@ -3,7 +3,8 @@
 :class:`~anatomy.hook.tracker.Tracker` is one object built in layers, each in its own module and each
 using the ones below it: the set-up and what it detects (:mod:`anatomy.hook.attach`), the sampled
 step's instruments (:mod:`anatomy.hook.sampled`), the saved-tensor count's window
-(:mod:`anatomy.hook.window`), the phase hooks (:mod:`anatomy.hook.phases`), the finished step's snapshot
+(:mod:`anatomy.hook.window`), the phase hooks (:mod:`anatomy.hook.phases`), a framework's calls
+(:mod:`anatomy.hook.framework`), the finished step's snapshot
 and publishing (:mod:`anatomy.hook.snapshots`, which hands the figures to the pure
 :mod:`anatomy.hook.assembly`), a step's beginning and end — the full end, and an ordinary step's O(1) one
 on a :mod:`anatomy.hook.lean` step (:mod:`anatomy.hook.ordinary`) — and the step's life cycle

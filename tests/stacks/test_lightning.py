@@ -6,6 +6,7 @@ gradient and optimizer-state sums), and the losses with those of the same fit wi
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import statistics
 import time
@@ -391,3 +392,57 @@ def test_the_callback_records_where_told(
     assert run.pid == os.getpid() and run.model_class == "Regressor" and group.ended == "finished"
     assert [r.step for r in run.rows] == list(range(truth_cb.truth.updates)) == list(range(BATCHES))
     assert run.snapshots[-1] == published[-1]
+
+
+def test_ordinary_steps_are_lean_and_publish_what_the_full_way_does(
+    published: list[Any], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Automatic optimization is an ordinary step too (anatomy.hook.framework): after the first steps none
+    becomes a record — the batch's forward, the closure, the backward's end and the update all stay on the
+    LeanStep — and every published snapshot, but its times, is the one the full way publishes."""
+    from anatomy.hook import ordinary
+    from anatomy.hook.ordinary import OrdinarySteps
+    from anatomy.lightning import AnatomyCallback
+
+    per_run = ("seq", "time", "timing", "suggestions", "achieved_tflops", "mfu")
+    per_run += ("peak_bytes", "peak_phase", "at_peak")  # (the heap's: each run starts where the last left it)
+    promoted: list[int] = []
+    ended_lean: list[int] = []
+    real_promote, real_end = OrdinarySteps._promote, OrdinarySteps._end_ordinary
+
+    def promote(self: Any) -> Any:
+        promoted.append(self._lean.index)
+        return real_promote(self)
+
+    def end(self: Any, index: int, *args: Any) -> bool:
+        done = real_end(self, index, *args)
+        if done and self._lean.active:
+            ended_lean.append(index)
+        return done
+
+    monkeypatch.setattr(OrdinarySteps, "_promote", promote)
+    monkeypatch.setattr(OrdinarySteps, "_end_ordinary", end)
+    runs = []
+    for lean in (False, True):
+        monkeypatch.setattr(ordinary, "ORDINARY_IN_O1", lean)
+        published.clear()
+        promoted.clear()
+        ended_lean.clear()
+        module = Regressor()
+        _fit(module, [AnatomyCallback(interval_s=3600.0, sample_every=0)], tmp_path / str(lean), batches=16)
+        snaps = [
+            {k: v for k, v in dataclasses.asdict(s).items() if k not in per_run}
+            | {"memory": {c: v is not None for c, v in s.memory.items()}}
+            for s in published
+        ]
+        runs.append((snaps, module.losses))
+    (full, full_losses), (lean_snaps, lean_losses) = runs
+    assert lean_losses == full_losses
+    assert [s["step"] for s in lean_snaps] == [s["step"] for s in full] == list(range(16))
+    for a, b in zip(lean_snaps, full, strict=True):
+        assert a == b, a["step"]
+    assert promoted == []  # no Lightning step became a record
+    assert len(ended_lean) >= 10, ended_lean  # and most ended lean
+    timing = published[-1].timing
+    assert timing.forward_s and timing.backward_s and timing.optimizer_s and timing.step_s
+    assert timing.forward_s + timing.backward_s + timing.optimizer_s <= timing.step_s
