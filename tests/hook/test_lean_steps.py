@@ -16,7 +16,15 @@ from anatomy.hook import ordinary
 from anatomy.hook.lean import BEGUN, FORWARD_DONE, IN_FORWARD, IN_OPTIMIZER, UPDATED, LeanStep
 from anatomy.hook.ordinary import OrdinarySteps
 from anatomy.hook.record import StepRecord
-from anatomy.hook.timing import BEGIN, END, FORWARD_POST, FORWARD_PRE, OPTIMIZER_POST, OPTIMIZER_PRE
+from anatomy.hook.timing import (
+    BACKWARD_END,
+    BEGIN,
+    END,
+    FORWARD_POST,
+    FORWARD_PRE,
+    OPTIMIZER_POST,
+    OPTIMIZER_PRE,
+)
 from anatomy.vocabulary import Component
 
 # What differs between two runs of the same steps anyway: when, how long, what the advisor made of it, and
@@ -283,3 +291,19 @@ def test_a_lean_step_as_a_record_is_the_general_paths_record(stage: int) -> None
     lean.active, lean.ended = False, 6.0
     if stage == UPDATED:  # a finished step ends with its end
         assert lean.record(None, 13, 17).clock.marks[-1] == (END, 6.0)
+
+
+def test_a_framework_steps_lean_state_as_a_record() -> None:
+    """Lightning's usual step on a LeanStep (anatomy.hook.framework): a forward the framework opened with
+    the model's own forward nested in it, the closure wrapped, a backward's end — as the record the full
+    way holds at that point."""
+    lean = LeanStep()
+    lean.index, lean.started, lean.forward_pre, lean.forward_post = 3, 1.0, 2.0, 3.0
+    lean.stage, lean.active, lean.framework, lean.depth, lean.closure = IN_FORWARD, True, True, 1, True
+    rec = lean.record(None, gradients=0, optimizer_states=0)
+    assert rec.in_forward == 2 and rec.closure and rec.micro == 1  # the framework's forward and the model's
+    lean.stage, lean.depth, lean.backward_ended = FORWARD_DONE, 0, 3.5
+    rec = lean.record(None, gradients=0, optimizer_states=0)
+    assert rec.in_forward == 0
+    assert [kind for kind, _ in rec.clock.marks] == [BEGIN, FORWARD_PRE, FORWARD_POST, BACKWARD_END]
+    assert rec.clock.marks[-1] == (BACKWARD_END, 3.5)
