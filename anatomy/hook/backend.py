@@ -29,7 +29,7 @@ from anatomy.hook.record import (
     Traced,
 )
 from anatomy.hook.split import explained, held_in_phase
-from anatomy.hook.timing import USUAL_STEP
+from anatomy.hook.timing import FRAMEWORK_STEP, USUAL_STEP
 from anatomy.protocol import CudaMemory
 from anatomy.vocabulary import Phase
 
@@ -200,7 +200,8 @@ class CudaBackend:
         # what an ordinary step that reads nothing repeats: after any other (a forward in a closure, two
         # forwards) the next step reads in full.
         self.steady = None
-        usual = rec.micro == 1 and not rec.closure and [kind for kind, _ in rec.clock.marks] == USUAL_STEP
+        kinds = [kind for kind, _ in rec.clock.marks] if rec.micro == 1 and not rec.closure else None
+        usual = kinds in (USUAL_STEP, FRAMEWORK_STEP)
         if usual and rec.cuda_start is not None and Feature.CUDA not in self._guard.off:
             self.steady = (rec.cuda_start, rec.cuda_high, rec.cuda_phase_start)
         if stats_due and self._guard.ok(Feature.CUDA):  # a full statistics read (~0.1 ms)

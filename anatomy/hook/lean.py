@@ -152,7 +152,7 @@ class LeanStep:
             rec.samples_seen, rec.tokens_seen = self.samples_seen, self.tokens_seen
             marks.append((FORWARD_PRE, self.forward_pre))
             rec.in_forward = 1 + self.depth if stage == IN_FORWARD else 0
-        rec.closure = self.closure
+        rec.closure = False  # (a lean step's closure is wrapped in its forward, which began before it)
         if stage >= FORWARD_DONE:
             marks.append((FORWARD_POST, self.forward_post))
             if self.backward_ended:

@@ -251,7 +251,7 @@ class PhaseHooks(CountingWindow):
             with self._guard(Feature.OPTIMIZER):
                 wrapped = wrap_closure(self, args, kwargs)
             if wrapped is not None:
-                if self._step is not None:
+                if self._step is not None and not self._step.micro:  # (Lightning's began before it)
                     self._step.closure = True
                 return wrapped
         try:

@@ -122,7 +122,7 @@ class StepRecord:
     updated: bool = False  # an optimizer's step post-hook fired: the optimizer really updated
     suspended: bool = False  # a step block ended without an update: the next block continues this step
     recall: bool = False  # a closure called again inside one optimizer step (LBFGS): no new micro-batch
-    closure: bool = False  # the step's forward ran in an optimizer's closure (after the optimizer began)
+    closure: bool = False  # the step's forward began in an optimizer's closure (after the optimizer began)
     blocks: int = 1  # step blocks (tracker.step / begin_step) merged into this step
     refresh: bool = False  # the schedule's re-sum of this step, decided once as it begins
     quiet: bool = False  # nothing is due on this step by the step count (Schedule.quiet_until)

@@ -19,8 +19,10 @@ OPTIMIZER_PRE = "optimizer_pre"
 OPTIMIZER_POST = "optimizer_post"
 BACKWARD_END = "backward_end"  # a micro-batch's backward is done (gradient accumulation)
 END = "end"
-# The usual step's marks, in order: one forward, then one optimizer step.
+# The usual step's marks, in order: one forward, then one optimizer step; a framework's usual step
+# (Lightning's) also marks its backward's end.
 USUAL_STEP = [BEGIN, FORWARD_PRE, FORWARD_POST, OPTIMIZER_PRE, OPTIMIZER_POST, END]
+FRAMEWORK_STEP = [BEGIN, FORWARD_PRE, FORWARD_POST, BACKWARD_END, OPTIMIZER_PRE, OPTIMIZER_POST, END]
 
 
 @dataclass(slots=True)  # (not frozen: a frozen dataclass's __init__ costs a call per field, every step)

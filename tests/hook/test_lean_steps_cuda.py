@@ -32,7 +32,8 @@ from tests.hook.cuda_standins import nested_stats
 
 BASE = 10_000_000  # allocated before a step: the model, its gradients and optimizer state, in this stand-in
 H100 = "NVIDIA H100 80GB HBM3"
-PER_OP = 1_000  # each op of a step leaves this much more allocated until the step is over
+PER_OP = 1_000
+FRAMEWORK_STEPS = 6  # each op of a step leaves this much more allocated until the step is over
 _PER_RUN = ("seq", "time", "timing", "suggestions", "achieved_tflops", "mfu")
 
 
@@ -193,6 +194,23 @@ def _run(lean: bool, monkeypatch: pytest.MonkeyPatch) -> tuple[list[dict[str, An
             tracker.optimizer_end()
             opt.zero_grad()
             tracker.end_step()
+    for _ in range(FRAMEWORK_STEPS):  # Lightning's automatic optimization, its calls made by hand
+        alloc.new_step()
+        with alloc:
+            tracker.begin_step(8)
+            tracker.forward_begin(x)
+
+            def training_step() -> torch.Tensor:
+                loss = model(x).sum()  # (the model's own forward, nested in the framework's)
+                tracker.backward_begin()
+                loss.backward()
+                tracker.backward_end()
+                return loss
+
+            opt.step(training_step)
+            opt.zero_grad()
+            tracker.forward_end()
+            tracker.end_step()
     history = [
         {k: v for k, v in dataclasses.asdict(snap).items() if k not in _PER_RUN} for snap in tracker.history
     ]
@@ -224,6 +242,8 @@ def test_cuda_steps_come_out_as_the_full_way_makes_them(monkeypatch: pytest.Monk
     assert promoted.get(13) == BEGUN  # the new batch shape, at its forward: read from there as in full
     assert promoted.get(18) == FORWARD_DONE  # the second forward
     assert lean_alloc.reads < 0.6 * full_alloc.reads  # one read per ordinary step, not one per phase
+    framework = set(range(len(lean) - FRAMEWORK_STEPS + 2, len(lean)))  # (after one that reads in full)
+    assert not framework & set(promoted)  # Lightning's usual steps: lean on CUDA too
 
 
 def test_an_ordinary_cuda_step_reads_once_and_records_six_events(monkeypatch: pytest.MonkeyPatch) -> None:
