@@ -49,7 +49,13 @@ def start() -> Iterator[Callable[..., subprocess.Popen[bytes]]]:
 
     def run(argv: list[str]) -> subprocess.Popen[bytes]:
         proc = subprocess.Popen(
-            argv, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
+            argv,
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+            # SIGINT as a terminal's process has it: a test run started in the background by a shell without
+            # job control (`cmd &`, nohup) ignores SIGINT, and a child inherits that
+            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
         )
         started.append(proc)
         assert wait_for(lambda: cmdline_of(proc.pid).startswith(b"sleep")), cmdline_of(proc.pid)
