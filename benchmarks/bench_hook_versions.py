@@ -32,6 +32,64 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 ARMS = ("plain", "control", "base", "this")
 
+# One arm in Lightning: a fit whose batches come one per line on stdin (Lightning fetches one batch ahead:
+# the driver sends one line more at the start); a callback first in the list and one last time each step,
+# from the batch's start to its end (the anatomy callback's calls between them).
+LIGHTNING_WORKER = r"""
+import sys, tempfile, time
+from pathlib import Path
+src, depth, threads = sys.argv[1], int(sys.argv[2]), int(sys.argv[4])
+if src != "-":
+    sys.path.insert(0, src)
+import logging
+import torch
+import lightning.pytorch as pl
+logging.getLogger("lightning.pytorch").setLevel(logging.ERROR)
+torch.set_num_threads(threads)
+torch.manual_seed(0)
+class Module(pl.LightningModule):
+    def __init__(self):
+        super().__init__()
+        layers = []
+        for _ in range(depth):
+            layers += [torch.nn.Linear(64, 64), torch.nn.ReLU()]
+        self.net = torch.nn.Sequential(*layers)
+    def forward(self, x):
+        return self.net(x)
+    def training_step(self, batch, i):
+        return self(batch).sum()
+    def configure_optimizers(self):
+        return torch.optim.AdamW(self.parameters(), lr=1e-3)
+x = torch.randn(4, 64)
+class Batches(torch.utils.data.IterableDataset):
+    def __iter__(self):
+        for _ in sys.stdin:
+            yield x
+class Start(pl.Callback):
+    def on_train_batch_start(self, *args):
+        self.began = time.thread_time_ns(), time.perf_counter_ns()
+class End(pl.Callback):
+    def __init__(self, start):
+        self.start = start
+    def on_train_batch_end(self, *args):
+        cpu, wall = self.start.began
+        print((time.thread_time_ns() - cpu) / 1e3, (time.perf_counter_ns() - wall) / 1e3, flush=True)
+start = Start()
+callbacks = [start]
+if src != "-":
+    import anatomy
+    from anatomy.lightning import AnatomyCallback
+    if not anatomy.__file__.startswith(src):
+        raise SystemExit(f"anatomy came from {anatomy.__file__}, not {src}")
+    callbacks.append(AnatomyCallback(directory=Path(tempfile.mkdtemp()), sample_every=10**9))
+callbacks.append(End(start))
+trainer = pl.Trainer(max_epochs=1, accelerator="cpu", devices=1, enable_progress_bar=False, logger=False,
+                     enable_model_summary=False, enable_checkpointing=False, callbacks=callbacks,
+                     default_root_dir=tempfile.mkdtemp())
+print("ready", flush=True)
+trainer.fit(Module(), torch.utils.data.DataLoader(Batches(), batch_size=None))
+"""
+
 # One arm: builds the model, then runs a step for each line on stdin and answers its CPU time in µs.
 WORKER = r"""
 import sys, tempfile, time
@@ -119,12 +177,14 @@ def run(
     kind: str, depth: int, rounds: int, base_src: Path, threads: int, device: str = "cpu"
 ) -> tuple[dict[str, dict[str, float]], dict[str, dict[str, float]]]:
     """Thread CPU time and wall time (to the device's end of the step) per arm: their summaries."""
+    lightning = kind == "lightning"
+    worker = LIGHTNING_WORKER if lightning else WORKER
     env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
     env["TOKENIZERS_PARALLELISM"] = "false"
     sources = {"plain": "-", "control": "-", "base": str(base_src), "this": str(ROOT)}
     procs = {
         arm: subprocess.Popen(
-            [sys.executable, "-c", WORKER, src, str(depth), kind, str(threads), device],
+            [sys.executable, "-c", worker, src, str(depth), kind, str(threads), device],
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             text=True,
@@ -138,6 +198,8 @@ def run(
             assert proc.stdout is not None
             if proc.stdout.readline().strip() != "ready":
                 raise RuntimeError(f"the {arm} worker did not start")
+            if lightning and proc.stdin is not None:  # (the batch Lightning fetches ahead)
+                proc.stdin.write("step\n")
         times: dict[str, list[float]] = {arm: [] for arm in ARMS}
         walls: dict[str, list[float]] = {arm: [] for arm in ARMS}
         for r in range(rounds):
@@ -161,7 +223,7 @@ def run(
 def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
     ap.add_argument("--base", default="HEAD", help="the git revision to compare with (default HEAD)")
-    ap.add_argument("--models", default="mlp", help="mlp,llama")
+    ap.add_argument("--models", default="mlp", help="mlp,llama,lightning (an MLP in a Lightning fit, CPU)")
     ap.add_argument("--depths", default="2,8", help="blocks / layers")
     ap.add_argument("--rounds", type=int, default=2000, help="steps per arm")
     ap.add_argument("--threads", type=int, default=1, help="torch threads per worker")
