@@ -177,9 +177,8 @@ class OrdinarySteps(StepSnapshots):
         # its end (CudaBackend.lean_steady), once a step has read it in full.
         off = self._guard.off
         on_device = self._cuda_events
-        cuda = isinstance(memory, CudaBackend)
-        steady = memory.steady if isinstance(memory, CudaBackend) else None
-        read_ok = not cuda or (Feature.CUDA not in off and steady is not None)
+        cuda = memory if isinstance(memory, CudaBackend) else None
+        read_ok = cuda is None or (Feature.CUDA not in off and cuda.steady is not None)
         self._plain_ok = (
             ORDINARY_IN_O1
             and (on_device or self._step_clock is StepClock)
@@ -192,7 +191,7 @@ class OrdinarySteps(StepSnapshots):
             and self._latest is not None
         )
         self._lean_on_device = on_device
-        self._lean_check = memory.lean_steady if isinstance(memory, CudaBackend) else None
+        self._lean_check = cuda.lean_steady if cuda is not None else None
         shape = self._schedule.input_shape if self._batch_shape is not None else None
         if shape != self._lean.shape:  # the batch shape an ordinary step's forward may have
             self._lean.learn_shape(shape)
