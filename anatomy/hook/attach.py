@@ -94,11 +94,17 @@ class Attachment(TrackerState):
             self._out_of_compile(self._on_optimizer_post),
         )
         zero = self._zero
+        stepped = []  # the optimizers whose step pre-hook is the optimizer watch's global one
         for i, each in enumerate(self._optimizers()):
             if i == 0 and zero is not None:  # its torch optimizer steps once per group: hook the update
                 self._opt_handles += list(zero_opt.hook_step(zero, pre, post))
             elif hasattr(each, "register_step_pre_hook") and hasattr(each, "register_step_post_hook"):
-                self._opt_handles += [each.register_step_pre_hook(pre), each.register_step_post_hook(post)]
+                if isinstance(each, torch.optim.Optimizer):  # (torch calls the global pre-hooks for it)
+                    stepped.append(each)
+                else:
+                    self._opt_handles.append(each.register_step_pre_hook(pre))
+                self._opt_handles.append(each.register_step_post_hook(post))
+        self._optimizer_watch.step_through(stepped, self._on_optimizer_pre if stepped else None)
 
     def _sum_optimizer_states(self) -> int:
         """Every tracked optimizer's states; under DeepSpeed ZeRO the first one's fp32 master partitions too.

@@ -76,30 +76,71 @@ def current_stream() -> CurrentStream:
     return _CURRENT_STREAM
 
 
+class EventCalls:
+    """How a clock records, queries and times its CUDA events: torch's C++ methods themselves where the
+    events are torch's own (``torch.cuda.Event``'s Python methods only pass their arguments on, a frame
+    each, 9-11 calls a step), else the events' own methods (a test's stand-ins)."""
+
+    __slots__ = ("elapsed", "query", "record")
+
+    def __init__(self, events: Any) -> None:
+        import torch
+
+        base = getattr(torch._C, "_CudaEventBase", None)
+        real = getattr(getattr(torch.cuda, "streams", None), "Event", None)
+        if base is not None and events is real and isinstance(events, type) and issubclass(events, base):
+            self.record: Callable[..., Any] = base.record
+            self.query: Callable[[Any], bool] = base.query
+            self.elapsed: Callable[[Any, Any], float] = base.elapsed_time
+        else:
+            self.record = _record
+            self.query = _query
+            self.elapsed = _elapsed
+
+
+def _record(event: Any, stream: Any = None) -> None:
+    if stream is None:
+        event.record()
+    else:
+        event.record(stream)
+
+
+def _query(event: Any) -> bool:
+    return bool(event.query())
+
+
+def _elapsed(start: Any, end: Any) -> float:
+    return float(start.elapsed_time(end))
+
+
 class StepClock:
     """The marks of one step, in the order they happened (``marks``: (kind, time or CUDA event)). On CUDA
     the events it made stay with it: :meth:`reuse` gives it to another step, which records them again."""
 
-    __slots__ = ("_events", "_made", "_stream", "_used", "cuda", "marks")
+    __slots__ = ("_calls", "_events", "_made", "_stream", "_used", "cuda", "marks", "span_s")
 
     def __init__(self, cuda: bool = False) -> None:
         self.cuda = cuda
         self.marks: list[tuple[str, Any]] = []
         self._events: Any = None
         self._stream: CurrentStream | None = None
+        self._calls: EventCalls | None = None
         self._made: list[tuple[str, Any]] = []  # the marks with CUDA events made so far, in order of use
         self._used = 0  # of those, how many this step recorded
+        self.span_s: float | None = None  # on CUDA: the first mark to the last, once read (span_if_ready)
         if cuda:
             import torch
 
             self._events = torch.cuda.Event
             self._stream = current_stream()
+            self._calls = EventCalls(self._events)
 
     def reuse(self) -> None:
         """A new step on this clock: no marks, its events to be recorded again (making a CUDA event costs
         more than recording one). Only once nothing reads this clock's events any more."""
         self.marks.clear()
         self._used = 0
+        self.span_s = None
 
     def mark(self, kind: str) -> None:
         if self.cuda:
@@ -112,12 +153,8 @@ class StepClock:
                 mark = (kind, self._events(enable_timing=True))
                 made.append(mark)
             self._used = used + 1
-            ev = mark[1]
             stream = self._stream.get() if self._stream is not None else None
-            if stream is None:
-                ev.record()
-            else:
-                ev.record(stream)
+            self._calls.record(mark[1], stream)  # type: ignore[union-attr]
             self.marks.append(mark)
         else:
             self.marks.append((kind, time.perf_counter()))
@@ -140,35 +177,58 @@ class StepClock:
             return False
         if not self.cuda:
             return True
-        return bool(self.marks[-1][1].query())
+        return self._calls.query(self.marks[-1][1])  # type: ignore[union-attr]
 
     def span_if_ready(self) -> float | None:
-        """``span()`` once ``ready()``, else None: one call on the per-step path."""
+        """``span()`` once ``ready()``, else None: one call on the per-step path (on CUDA kept as
+        ``span_s``, which :meth:`durations` then takes rather than asking again)."""
+        marks = self.marks
         if not self.cuda:
-            marks = self.marks
             return float(marks[-1][1] - marks[0][1]) if marks else None
-        return self.span() if self.ready() else None
+        if not marks:
+            return None
+        calls = self._calls
+        last = marks[-1][1]
+        if not calls.query(last):  # type: ignore[union-attr]
+            return None
+        span = self.span_s = calls.elapsed(marks[0][1], last) / 1000.0  # type: ignore[union-attr]
+        return span
 
     def span(self) -> float:
         """Seconds from the first mark to the last (call once ready)."""
         first, last = self.marks[0][1], self.marks[-1][1]
         if not self.cuda:
             return float(last - first)
-        return float(first.elapsed_time(last)) / 1000.0
+        return self._calls.elapsed(first, last) / 1000.0  # type: ignore[union-attr]
 
     def _seconds(self) -> list[tuple[str, float]]:
         if not self.cuda:
             return list(self.marks)
         first = self.marks[0][1]
-        return [(k, 0.0 if ev is first else first.elapsed_time(ev) / 1000.0) for k, ev in self.marks]
+        elapsed = self._calls.elapsed  # type: ignore[union-attr]
+        return [(k, 0.0 if ev is first else elapsed(first, ev) / 1000.0) for k, ev in self.marks]
 
     def durations(self) -> StepDurations | None:
         """None until ready. Backward is from each forward's end to the next forward, the optimizer
         step or the step's end (so it includes the loss and ``backward()`` of every micro-batch)."""
         if not self.cuda:
             return durations_from_marks(self.marks)  # (host times: read in place)
-        if not self.ready():
+        span = self.span_s
+        if span is None and not self.ready():
             return None
+        marks = self.marks
+        if span is not None and len(marks) == 6:
+            # The usual step's six marks: each phase is one elapsed time (durations_from_marks's sums for
+            # this order), the step the span already read.
+            (_, _), (k1, fpre), (k2, fpost), (k3, opre), (k4, opost), (_, _) = marks
+            if k1 is FORWARD_PRE and k2 is FORWARD_POST and k3 is OPTIMIZER_PRE and k4 is OPTIMIZER_POST:
+                elapsed = self._calls.elapsed  # type: ignore[union-attr]
+                return StepDurations(
+                    max(span, 0.0),
+                    elapsed(fpre, fpost) / 1000.0,
+                    elapsed(fpost, opre) / 1000.0,
+                    elapsed(opre, opost) / 1000.0,
+                )
         return durations_from_marks(self._seconds())
 
 

@@ -183,3 +183,45 @@ def test_modules_registered_inside_the_forward_cost_no_call_per_layer_and_change
     tracker.close()
     expected = _storage_sum([*model.parameters()])
     assert snap is not None and snap.memory[Component.WEIGHTS] == expected
+
+
+def test_one_hook_of_ours_begins_each_optimizer_step_and_a_new_optimizer_is_timed_from_its_first() -> None:
+    """The tracked optimizer's step pre-hook is torch's global one (the watch for new optimizers), not a
+    second hook of its own; an optimizer made without telling the tracker is adopted at its first step and
+    that very step's optimizer phase is timed; the user's own pre-hooks still run, after ours."""
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.ReLU(), torch.nn.Linear(8, 1))
+    opt = torch.optim.AdamW(model.parameters())
+    tracker = anatomy.track(model, opt, publish=False, sample_every=0)
+    seen: list[str] = []
+
+    def users(optimizer: object, args: object, kwargs: object) -> None:
+        seen.append("user's")
+
+    opt.register_step_pre_hook(users)
+    assert len(opt._optimizer_step_pre_hooks) == 1  # the user's only
+    assert len(opt._optimizer_step_post_hooks) == 1  # ours: the update's end
+    x = torch.randn(4, 8)
+
+    def steps(optimizer: torch.optim.Optimizer, n: int) -> None:
+        for _ in range(n):
+            with tracker.step():
+                model(x).sum().backward()
+                optimizer.step()
+                optimizer.zero_grad()
+
+    steps(opt, 4)
+    assert seen == ["user's"] * 4
+    timed = [s.timing.optimizer_s for s in tracker.history]
+    assert len(timed) == 4 and all(t is not None and t > 0 for t in timed)
+    again = torch.optim.SGD(model.parameters(), lr=0.1)  # not told to the tracker
+    steps(again, 1)
+    snap = tracker.latest
+    assert snap is not None and snap.step == 4
+    assert snap.timing.optimizer_s is not None and snap.timing.optimizer_s > 0  # adopted at its first step
+    assert not again._optimizer_step_pre_hooks and len(again._optimizer_step_post_hooks) == 1
+    assert not opt._optimizer_step_post_hooks  # the replaced one's hook removed
+    steps(again, 3)
+    assert [s.step for s in tracker.history][-4:] == [4, 5, 6, 7]
+    assert all(s.timing.optimizer_s is not None for s in tracker.history[-4:])
+    tracker.close()

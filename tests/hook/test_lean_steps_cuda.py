@@ -25,7 +25,7 @@ from anatomy.hook.guard import Guard
 from anatomy.hook.lean import BEGUN, FORWARD_DONE, UPDATED
 from anatomy.hook.ordinary import OrdinarySteps
 from anatomy.hook.record import StepRecord
-from anatomy.hook.timing import BEGIN, END, FORWARD_POST, FORWARD_PRE, RING, USUAL_STEP, StepClock
+from anatomy.hook.timing import BEGIN, END, FORWARD_POST, FORWARD_PRE, RING, USUAL_STEP, EventCalls, StepClock
 from anatomy.hook.tracker import Tracker
 from anatomy.vocabulary import Phase
 from tests.hook.cuda_standins import nested_stats
@@ -375,6 +375,7 @@ def test_ordinary_cuda_steps_record_the_same_events_again(monkeypatch: pytest.Mo
 def test_a_clock_used_again_records_its_own_events_again() -> None:
     clock = StepClock(cuda=False)
     clock.cuda, clock._events, clock._stream = True, CompletedEvent, None
+    clock._calls = EventCalls(CompletedEvent)
     for kind in (BEGIN, FORWARD_PRE, FORWARD_POST, END):
         clock.mark(kind)
     events = [ev for _, ev in clock.marks]

@@ -142,3 +142,108 @@ def test_without_the_bindings_an_event_finds_its_stream_itself(monkeypatch: pyte
     monkeypatch.setattr(timing, "_CURRENT_STREAM", None)
     timing.StepClock(cuda=True).mark(timing.BEGIN)
     assert recorded == [()]  # record() with no argument: torch.cuda.current_stream() inside
+
+
+class _Stream:
+    def get(self) -> str:
+        return "the current stream"
+
+
+def test_torch_own_events_are_recorded_queried_and_timed_through_the_cpp_methods(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    import torch
+
+    from anatomy.hook import timing
+
+    calls: list[tuple[str, object]] = []
+
+    class Base:  # torch._C._CudaEventBase's surface: the C++ methods, what they were called with
+        def __init__(self, enable_timing: bool = False) -> None:
+            self.t = 0.0
+
+        def record(self, stream: object) -> None:
+            calls.append(("record", stream))
+            self.t = float(len(calls))
+
+        def query(self) -> bool:
+            calls.append(("query", None))
+            return True
+
+        def elapsed_time(self, end: Base) -> float:
+            calls.append(("elapsed", None))
+            return (end.t - self.t) * 1000.0
+
+    class Event(Base):  # torch.cuda.Event: Python methods that only pass on (here: must not be called)
+        def record(self, stream: object = None) -> None:
+            raise AssertionError("the Python wrapper")
+
+        def query(self) -> bool:
+            raise AssertionError("the Python wrapper")
+
+        def elapsed_time(self, end: Base) -> float:
+            raise AssertionError("the Python wrapper")
+
+    monkeypatch.setattr(torch._C, "_CudaEventBase", Base, raising=False)
+    monkeypatch.setattr(torch.cuda.streams, "Event", Event)
+    monkeypatch.setattr(torch.cuda, "Event", Event)
+    monkeypatch.setattr(timing, "_CURRENT_STREAM", _Stream())
+    clock = StepClock(cuda=True)
+    for kind in timing.USUAL_STEP:
+        clock.mark(kind)
+    assert calls == [("record", "the current stream")] * 6
+    assert clock.span_if_ready() == 5.0 and clock.span_s == 5.0
+    d = clock.durations()
+    assert d is not None and (d.step_s, d.forward_s, d.backward_s, d.optimizer_s) == (5.0, 1.0, 1.0, 1.0)
+    # read once the span is known: no query again, one elapsed time a phase
+    assert [c for c, _ in calls[6:]] == ["query", "elapsed", "elapsed", "elapsed", "elapsed"]
+    clock.reuse()
+    assert clock.span_s is None
+
+
+@pytest.mark.parametrize(
+    "kinds",
+    [
+        [BEGIN, FORWARD_PRE, FORWARD_POST, OPTIMIZER_PRE, OPTIMIZER_POST, END],
+        [BEGIN, FORWARD_PRE, FORWARD_POST, FORWARD_PRE, FORWARD_POST, END],  # six marks, not the usual step
+        [BEGIN, FORWARD_PRE, FORWARD_POST, BACKWARD_END, OPTIMIZER_PRE, OPTIMIZER_POST, END],
+    ],
+)
+def test_a_cuda_clock_durations_are_the_marks_durations(
+    monkeypatch: pytest.MonkeyPatch, kinds: list[str]
+) -> None:
+    import torch
+
+    from anatomy.hook import timing
+
+    class Event:  # a stand-in: its time is when it was recorded, in a made-up order
+        clock = 0.0
+
+        def __init__(self, enable_timing: bool = False) -> None:
+            self.t = 0.0
+
+        def record(self, stream: object = None) -> None:
+            Event.clock += 0.25 + len(str(Event.clock)) % 3  # uneven gaps
+            self.t = Event.clock
+
+        def query(self) -> bool:
+            return True
+
+        def elapsed_time(self, end: Event) -> float:
+            return (end.t - self.t) * 1000.0
+
+    monkeypatch.setattr(torch.cuda, "Event", Event)
+    monkeypatch.setattr(timing, "_CURRENT_STREAM", _Stream())
+    clock = StepClock(cuda=True)
+    for kind in kinds:
+        clock.mark(kind)
+    expected = durations_from_marks([(k, ev.t) for k, ev in clock.marks])
+    assert expected is not None and clock.span_if_ready() is not None
+    got = clock.durations()
+    assert got is not None
+    for field in ("step_s", "forward_s", "backward_s", "optimizer_s"):
+        want = getattr(expected, field)
+        assert getattr(got, field) == (None if want is None else pytest.approx(want)), field
+    fresh = StepClock(cuda=True)  # not read through its span first: the same
+    fresh.marks, fresh._calls = clock.marks, clock._calls
+    assert fresh.durations() == expected  # (by the marks' arithmetic, exactly)
