@@ -1,21 +1,26 @@
 """Before and after, in one run: the hook at a git revision against the working tree's, per ordinary step.
 
 Four worker processes per configuration, one step each per round in rotating order: ``plain`` (no hook),
-``control`` (no hook again: the A/A noise floor), ``base`` (the hook as ``--base`` had it, from
-``git archive``) and ``this`` (the working tree's). Each times its step in the training thread's CPU time
-(what the hook adds to the thread; a loaded machine's preemptions do not inflate it), with the hook at
-default settings and publishing, sampled steps off (``sample_every`` past the run), so what is compared is
-the ordinary step. Printed per configuration: each arm's median step, its extra over ``plain`` (median of
-per-round differences, interquartile range, mean of the middle 80%), and ``this − base`` per round, the
-figure a change to the hook's per-step path is judged by. Separate processes interleaved, because the
-machine's speed drifts by tens of percent between runs of a few minutes on a shared box: only figures of
-the same run compare. With ``--device cuda`` each round starts from an idle GPU and the wall time to the
-device's end of the step is printed too (a launch-bound step waits for every µs the host adds).
+``control`` (no hook again: the A/A noise floor), ``base`` (the hook as ``--base`` had it, from ``git
+archive``) and ``this`` (the working tree's); with ``--floor`` a fifth, ``floor``: hooks of the kinds the hook
+registers (forward pre with kwargs, forward post always called, the global optimizer step pre-hook, the
+optimizer's post-hook, a step context), each doing nothing — torch's dispatch and the calls themselves, what
+no hook's code can take away — and ``this − floor`` per round, what the hook's own code adds. Each times its
+step in the training thread's CPU time (what the hook adds to the thread; a loaded machine's preemptions do
+not inflate it), with the hook at default settings and publishing, sampled steps off (``sample_every`` past
+the run), so what is compared is the ordinary step. Printed per configuration: each arm's median step, its
+extra over ``plain`` (median of per-round differences, interquartile range, mean of the middle 80%), and
+``this − base`` per round, the figure a change to the hook's per-step path is judged by. Separate processes
+interleaved, because the machine's speed drifts by tens of percent between runs of a few minutes on a shared
+box: only figures of the same run compare. With ``--device cuda`` each round starts from an idle GPU and the
+wall time to the device's end of the step is printed too (a launch-bound step waits for every µs the host
+adds).
 
 Usage:
   python benchmarks/bench_hook_versions.py --base HEAD~1                 # MLP 2 and 8 blocks, ~2 minutes
   python benchmarks/bench_hook_versions.py --base 3c31d3b --models mlp,llama --depths 2,8,32 --rounds 1000
   python benchmarks/bench_hook_versions.py --base-dir /tmp/base --device cuda      # on a GPU: wall time too
+  python benchmarks/bench_hook_versions.py --floor     # also hooks of the same kinds that do nothing
 """
 
 from __future__ import annotations
@@ -31,6 +36,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 ARMS = ("plain", "control", "base", "this")
+FLOOR = "floor"  # --floor: the same hooks doing nothing (torch's dispatch, the calls themselves)
 
 # One arm in Lightning: a fit whose batches come one per line on stdin (Lightning fetches one batch ahead:
 # the driver sends one line more at the start); a callback first in the list and one last time each step,
@@ -118,7 +124,29 @@ else:
         return model(input_ids=ids, labels=ids).loss
 opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
 tracker = None
-if src != "-":
+if src == "floor":  # hooks of the kinds anatomy registers, doing nothing: what torch's dispatch costs
+    from torch.optim.optimizer import register_optimizer_step_pre_hook
+    class Floor:
+        def step(self):
+            return self
+        def __enter__(self):
+            self.begin_step()
+            return self
+        def __exit__(self, *exc):
+            self.end_step()
+            return False
+        def begin_step(self):
+            pass
+        def end_step(self):
+            pass
+    def nothing(*args):
+        return None
+    model.register_forward_pre_hook(nothing, with_kwargs=True)
+    model.register_forward_hook(nothing, always_call=True)
+    register_optimizer_step_pre_hook(nothing)
+    opt.register_step_post_hook(nothing)
+    tracker = Floor()
+elif src != "-":
     import anatomy
     if not anatomy.__file__.startswith(src):
         raise SystemExit(f"anatomy came from {anatomy.__file__}, not {src}")
@@ -170,11 +198,14 @@ def summarize(times: dict[str, list[float]], warmup: int) -> dict[str, dict[str,
         out[arm] = {"step": statistics.median(own), **spread(extra)}
     base, this = times["base"][warmup:], times["this"][warmup:]
     out["this-base"] = spread([a - b for a, b in zip(this, base, strict=True)])
+    if FLOOR in times:  # what the hook's own code adds over torch's dispatch of hooks that do nothing
+        floor = times[FLOOR][warmup:]
+        out["this-floor"] = spread([a - b for a, b in zip(this, floor, strict=True)])
     return out
 
 
 def run(
-    kind: str, depth: int, rounds: int, base_src: Path, threads: int, device: str = "cpu"
+    kind: str, depth: int, rounds: int, base_src: Path, threads: int, device: str = "cpu", floor: bool = False
 ) -> tuple[dict[str, dict[str, float]], dict[str, dict[str, float]]]:
     """Thread CPU time and wall time (to the device's end of the step) per arm: their summaries."""
     lightning = kind == "lightning"
@@ -182,6 +213,9 @@ def run(
     env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
     env["TOKENIZERS_PARALLELISM"] = "false"
     sources = {"plain": "-", "control": "-", "base": str(base_src), "this": str(ROOT)}
+    if floor and not lightning:
+        sources[FLOOR] = FLOOR
+    arms = tuple(sources)
     procs = {
         arm: subprocess.Popen(
             [sys.executable, "-c", worker, src, str(depth), kind, str(threads), device],
@@ -200,10 +234,10 @@ def run(
                 raise RuntimeError(f"the {arm} worker did not start")
             if lightning and proc.stdin is not None:  # (the batch Lightning fetches ahead)
                 proc.stdin.write("step\n")
-        times: dict[str, list[float]] = {arm: [] for arm in ARMS}
-        walls: dict[str, list[float]] = {arm: [] for arm in ARMS}
+        times: dict[str, list[float]] = {arm: [] for arm in arms}
+        walls: dict[str, list[float]] = {arm: [] for arm in arms}
         for r in range(rounds):
-            for arm in ARMS[r % len(ARMS) :] + ARMS[: r % len(ARMS)]:
+            for arm in arms[r % len(arms) :] + arms[: r % len(arms)]:
                 proc = procs[arm]
                 assert proc.stdin is not None and proc.stdout is not None
                 proc.stdin.write("step\n")
@@ -229,6 +263,7 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--threads", type=int, default=1, help="torch threads per worker")
     ap.add_argument("--device", default="cpu", help="cpu or cuda")
     ap.add_argument("--base-dir", type=Path, default=None, help="the base's package already exported here")
+    ap.add_argument("--floor", action="store_true", help="an arm with do-nothing hooks too")
     return ap.parse_args(argv)
 
 
@@ -241,24 +276,26 @@ def main(argv: Sequence[str] | None = None) -> None:
         base_src = args.base_dir.resolve() if args.base_dir else export(args.base, Path(tmp))
         for kind in args.models.split(","):
             for depth in (int(d) for d in args.depths.split(",")):
-                cpu, wall = run(kind, depth, args.rounds, base_src, args.threads, args.device)
+                cpu, wall = run(kind, depth, args.rounds, base_src, args.threads, args.device, args.floor)
                 label = f"{kind} {depth}"
                 clocks = [("thread CPU", cpu)] + ([("wall", wall)] if args.device != "cpu" else [])
                 for clock, res in clocks:
                     print(f"{label} on {args.device}, {clock}:", flush=True)
-                    for arm in ARMS:
+                    for arm in (a for a in (*ARMS, FLOOR) if a in res):
                         r = res[arm]
                         print(
                             f"  {arm:8s} step {r['step']:9.1f} µs   extra {r['median']:+7.1f} µs "
                             f"(IQR {r['q1']:+.0f}..{r['q3']:+.0f}, middle-80% mean {r['mean80']:+.1f})",
                             flush=True,
                         )
-                    d = res["this-base"]
-                    print(
-                        f"  this − base, per round: {d['median']:+.1f} µs "
-                        f"(IQR {d['q1']:+.0f}..{d['q3']:+.0f}, middle-80% mean {d['mean80']:+.1f})",
-                        flush=True,
-                    )
+                    for key, other in (("this-base", "base"), ("this-floor", FLOOR)):
+                        d = res.get(key)
+                        if d is not None:
+                            print(
+                                f"  this − {other}, per round: {d['median']:+.1f} µs "
+                                f"(IQR {d['q1']:+.0f}..{d['q3']:+.0f}, middle-80% mean {d['mean80']:+.1f})",
+                                flush=True,
+                            )
 
 
 if __name__ == "__main__":

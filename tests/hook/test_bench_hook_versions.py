@@ -1,6 +1,6 @@
 """benchmarks/bench_hook_versions.py: its figures from known step times, and one end-to-end run of its
-smallest configuration (shape only, never timing: four worker processes, a few rounds, on whatever load the
-machine has, the committed hook against the working tree's)."""
+smallest configuration (shape only, never timing: five worker processes, the do-nothing hooks' too, a few
+rounds, on whatever load the machine has, the committed hook against the working tree's)."""
 
 from __future__ import annotations
 
@@ -33,6 +33,10 @@ def test_the_extras_are_per_round_differences() -> None:
         [p + 20 for p in plain[1:]]
     )
     assert res["this-base"]["median"] == res["this-base"]["q1"] == res["this-base"]["q3"] == -30.0
+    assert "this-floor" not in res
+    times[bench_hook_versions.FLOOR] = [p + 5.0 for p in plain]  # --floor: do-nothing hooks
+    res = bench_hook_versions.summarize(times, warmup=1)
+    assert res["floor"]["median"] == 5.0 and res["this-floor"]["median"] == 15.0
 
 
 def test_smallest_configuration_prints_every_arm() -> None:
@@ -46,6 +50,7 @@ def test_smallest_configuration_prints_every_arm() -> None:
             "1",
             "--rounds",
             "12",
+            "--floor",
         ],
         capture_output=True,
         text=True,
@@ -56,11 +61,12 @@ def test_smallest_configuration_prints_every_arm() -> None:
     lines = proc.stdout.splitlines()
     assert "mlp 1 on cpu, thread CPU:" in lines, proc.stdout
     assert not any("wall" in line for line in lines)  # (wall time: on a device, to its end of the step)
-    for arm in bench_hook_versions.ARMS:
+    for arm in (*bench_hook_versions.ARMS, bench_hook_versions.FLOOR):
         row = [line for line in lines if re.match(rf"\s+{arm}\s+step", line)]
         assert len(row) == 1, proc.stdout
         figures = r"step\s+\d+\.\d µs\s+extra\s+[+-]\d+\.\d µs \(IQR [+-]\d+\.\.[+-]\d+"
         assert re.search(figures, row[0]), row[0]
-    assert any(re.match(r"\s+this − base, per round: [+-]\d+\.\d µs", line) for line in lines), (
-        proc.stdout
-    )
+    for other in ("base", "floor"):
+        assert any(re.match(rf"\s+this − {other}, per round: [+-]\d+\.\d µs", line) for line in lines), (
+            proc.stdout
+        )
