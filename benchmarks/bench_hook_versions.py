@@ -205,9 +205,19 @@ def summarize(times: dict[str, list[float]], warmup: int) -> dict[str, dict[str,
 
 
 def run(
-    kind: str, depth: int, rounds: int, base_src: Path, threads: int, device: str = "cpu", floor: bool = False
+    kind: str,
+    depth: int,
+    rounds: int,
+    base_src: Path,
+    threads: int,
+    device: str = "cpu",
+    floor: bool = False,
+    cpu: int | None = None,
 ) -> tuple[dict[str, dict[str, float]], dict[str, dict[str, float]]]:
-    """Thread CPU time and wall time (to the device's end of the step) per arm: their summaries."""
+    """Thread CPU time and wall time (to the device's end of the step) per arm: their summaries. ``cpu``:
+    every worker on that one CPU (all arms under the same caches and clock; on a many-core machine the
+    arms otherwise land on different cores, and which arm got the better core moved per-round differences
+    by ±100 µs from one run to the next), None: where the scheduler puts them."""
     lightning = kind == "lightning"
     worker = LIGHTNING_WORKER if lightning else WORKER
     env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
@@ -216,6 +226,7 @@ def run(
     if floor and not lightning:
         sources[FLOOR] = FLOOR
     arms = tuple(sources)
+    pin = None if cpu is None else (lambda: os.sched_setaffinity(0, {cpu}))
     procs = {
         arm: subprocess.Popen(
             [sys.executable, "-c", worker, src, str(depth), kind, str(threads), device],
@@ -224,6 +235,7 @@ def run(
             text=True,
             cwd=tempfile.gettempdir(),
             env=env,
+            preexec_fn=pin,
         )
         for arm, src in sources.items()
     }
@@ -264,6 +276,8 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--device", default="cpu", help="cpu or cuda")
     ap.add_argument("--base-dir", type=Path, default=None, help="the base's package already exported here")
     ap.add_argument("--floor", action="store_true", help="an arm with do-nothing hooks too")
+    ap.add_argument("--cpu", type=int, default=None, help="the one CPU all workers run on (default: last)")
+    ap.add_argument("--no-pin", action="store_true", help="workers where the scheduler puts them")
     return ap.parse_args(argv)
 
 
@@ -271,12 +285,19 @@ def main(argv: Sequence[str] | None = None) -> None:
     args = parse_args(argv)
     load = os.getloadavg()[0]
     base = f"the package in {args.base_dir}" if args.base_dir else args.base
-    print(f"hook versions: base {base} against the working tree; load average {load:.2f}", flush=True)
+    pin = None if args.no_pin else (args.cpu if args.cpu is not None else max(os.sched_getaffinity(0)))
+    where = "where the scheduler puts them" if pin is None else f"all on CPU {pin}"
+    print(
+        f"hook versions: base {base} against the working tree; load average {load:.2f}; workers {where}",
+        flush=True,
+    )
     with tempfile.TemporaryDirectory() as tmp:
         base_src = args.base_dir.resolve() if args.base_dir else export(args.base, Path(tmp))
         for kind in args.models.split(","):
             for depth in (int(d) for d in args.depths.split(",")):
-                cpu, wall = run(kind, depth, args.rounds, base_src, args.threads, args.device, args.floor)
+                cpu, wall = run(
+                    kind, depth, args.rounds, base_src, args.threads, args.device, args.floor, pin
+                )
                 label = f"{kind} {depth}"
                 clocks = [("thread CPU", cpu)] + ([("wall", wall)] if args.device != "cpu" else [])
                 for clock, res in clocks:
