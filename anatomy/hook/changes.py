@@ -2,12 +2,12 @@
 
 A model's parameters change by assignment (an untied or resized head, a new embedding module: torch's
 parameter and module registration hooks fire, and the watch only notes whether the module is one of the
-model's), by ``.to()`` (new storages: the tracker compares one parameter's data pointer every step), or
-in ways no hook sees (``p.data = ...``, ``requires_grad_()``: the signature is compared at most once per
-publish interval, within the schedule's time budget — never a walk on every step). An optimizer re-created
-without telling the tracker is found at its first step (a step pre-hook for every optimizer: an identity
-check, and a one-time look at its parameters). Nothing here holds a reference that keeps a user's
-object alive.
+model's), by ``.to()`` (new storages: the tracker compares one parameter's data pointer every step), or in
+ways no hook sees (``p.data = ...``, ``requires_grad_()``: the signature is compared at most once per publish
+interval, within the schedule's time budget — never a walk on every step). An optimizer re-created without
+telling the tracker is found at its first step (a step pre-hook for every optimizer: an identity check, and a
+one-time look at its parameters; the same hook begins the tracked optimizers' steps). Nothing here holds a
+reference that keeps a user's object alive.
 """
 
 from __future__ import annotations
