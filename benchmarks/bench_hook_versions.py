@@ -4,17 +4,17 @@ Four worker processes per configuration, one step each per round in rotating ord
 ``control`` (no hook again: the A/A noise floor), ``base`` (the hook as ``--base`` had it, from ``git
 archive``) and ``this`` (the working tree's); with ``--floor`` a fifth, ``floor``: hooks of the kinds the hook
 registers (forward pre with kwargs, forward post always called, the global optimizer step pre-hook, the
-optimizer's post-hook, a step context), each doing nothing — torch's dispatch and the calls themselves, what
-no hook's code can take away — and ``this − floor`` per round, what the hook's own code adds. Each times its
-step in the training thread's CPU time (what the hook adds to the thread; a loaded machine's preemptions do
-not inflate it), with the hook at default settings and publishing, sampled steps off (``sample_every`` past
-the run), so what is compared is the ordinary step. Printed per configuration: each arm's median step, its
-extra over ``plain`` (median of per-round differences, interquartile range, mean of the middle 80%), and
-``this − base`` per round, the figure a change to the hook's per-step path is judged by. Separate processes
-interleaved, because the machine's speed drifts by tens of percent between runs of a few minutes on a shared
-box: only figures of the same run compare. With ``--device cuda`` each round starts from an idle GPU and the
-wall time to the device's end of the step is printed too (a launch-bound step waits for every µs the host
-adds).
+optimizer's post-hook, a step context; in Lightning a callback with the anatomy callback's per-batch methods
+and those hooks), each doing nothing — torch's dispatch and the calls themselves, what no hook's code can take
+away — and ``this − floor`` per round, what the hook's own code adds. Each times its step in the training
+thread's CPU time (what the hook adds to the thread; a loaded machine's preemptions do not inflate it), with
+the hook at default settings and publishing, sampled steps off (``sample_every`` past the run), so what is
+compared is the ordinary step. Printed per configuration: each arm's median step, its extra over ``plain``
+(median of per-round differences, interquartile range, mean of the middle 80%), and ``this − base`` per round,
+the figure a change to the hook's per-step path is judged by. Separate processes interleaved, because the
+machine's speed drifts by tens of percent between runs of a few minutes on a shared box: only figures of the
+same run compare. With ``--device cuda`` each round starts from an idle GPU and the wall time to the device's
+end of the step is printed too (a launch-bound step waits for every µs the host adds).
 
 Usage:
   python benchmarks/bench_hook_versions.py --base HEAD~1                 # MLP 2 and 8 blocks, ~2 minutes
@@ -45,7 +45,7 @@ LIGHTNING_WORKER = r"""
 import sys, tempfile, time
 from pathlib import Path
 src, depth, threads = sys.argv[1], int(sys.argv[2]), int(sys.argv[4])
-if src != "-":
+if src not in ("-", "floor"):
     sys.path.insert(0, src)
 import logging
 import torch
@@ -82,7 +82,29 @@ class End(pl.Callback):
         print((time.thread_time_ns() - cpu) / 1e3, (time.perf_counter_ns() - wall) / 1e3, flush=True)
 start = Start()
 callbacks = [start]
-if src != "-":
+if src == "floor":  # the callback's calls and the hooks it registers, doing nothing
+    from torch.optim.optimizer import register_optimizer_step_pre_hook
+    def nothing(*args):
+        return None
+    class Floor(pl.Callback):
+        def on_train_start(self, trainer, pl_module):
+            pl_module.register_forward_pre_hook(nothing, with_kwargs=True)
+            pl_module.register_forward_hook(nothing, always_call=True)
+            register_optimizer_step_pre_hook(nothing)
+            for opt in trainer.optimizers:
+                opt.register_step_post_hook(nothing)
+        def on_train_batch_start(self, *args):
+            pass
+        def on_before_backward(self, *args):
+            pass
+        def on_after_backward(self, *args):
+            pass
+        def on_before_optimizer_step(self, *args):
+            pass
+        def on_train_batch_end(self, *args):
+            pass
+    callbacks.append(Floor())
+elif src != "-":
     import anatomy
     from anatomy.lightning import AnatomyCallback
     if not anatomy.__file__.startswith(src):
@@ -223,7 +245,7 @@ def run(
     env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
     env["TOKENIZERS_PARALLELISM"] = "false"
     sources = {"plain": "-", "control": "-", "base": str(base_src), "this": str(ROOT)}
-    if floor and not lightning:
+    if floor:
         sources[FLOOR] = FLOOR
     arms = tuple(sources)
     pin = None if cpu is None else (lambda: os.sched_setaffinity(0, {cpu}))

@@ -13,17 +13,17 @@
 "About once per publish interval" is counted in steps of the run's median duration, so time spent
 outside steps (evaluation, checkpointing) does not make the per-interval work more frequent.
 
-All of that optional work also answers to a time budget (:class:`Budget`): the hook measures what each
-kind of work costs it (saved-tensor counting, heap reads, the model-signature walk, re-sums, sampled
-steps) and runs the periodic kinds only while the total stays within ``BUDGET_FRACTION`` of the
-time the training steps took (start to end: waits outside steps give it no room); a periodic re-sum or
-sampled step that does not
-fit waits for the first later step that does. A model whose count costs more is counted less often;
-what must run (a shape change, a change the hooks saw) runs regardless and is charged too; the first
-steps' work (``WARMUP_REFRESH_STEPS``: their re-sums, counts and heap reads, step 1's sampled work) is a
-fixed cost per run, not charged — it only teaches the budget what each kind costs. A figure not
-re-measured on a step stands with the step it was measured on (``at_peak_step``, ``op_groups_step``,
-``activations_step``, ``sums_step``).
+All of that optional work also answers to a time budget (:class:`Budget`): the hook measures what each kind of
+work costs it (saved-tensor counting, heap reads, the model-signature walk, re-sums, sampled steps) and runs
+the periodic kinds only while the total stays within ``BUDGET_FRACTION`` of the time the training steps took
+(start to end: waits outside steps give it no room), a quarter of it kept for the cheap kinds
+(``RESERVED_SHARE``: a costly sampled step does not hold the re-sums back); a periodic re-sum or sampled step
+that does not fit waits for the first later step that does. A model whose count costs more is counted less
+often; what must run (a shape change, a change the hooks saw) runs regardless and is charged too; the first
+steps' work (``WARMUP_REFRESH_STEPS``: their re-sums, counts and heap reads, step 1's sampled work) is a fixed
+cost per run, not charged — it only teaches the budget what each kind costs. A figure not re-measured on a
+step stands with the step it was measured on (``at_peak_step``, ``op_groups_step``, ``activations_step``,
+``sums_step``).
 """
 
 from __future__ import annotations
@@ -45,23 +45,41 @@ REFRESH = "refresh"
 SAMPLED = "sampled"
 
 
+# Of the budget, the share kept for the cheap kinds (re-sums, heap reads, saved-tensor counts, looks): a
+# sampled step never spends it, so one costly profiling episode cannot hold the re-sums back for hundreds
+# of steps (an 81 ms episode held 0.45 ms re-sums past a 32-update run's end); the cheap kinds may also use
+# whatever of the rest sampled steps leave.
+RESERVED_SHARE = 0.25
+
+
 class Budget:
     """Time the hook spent on optional work, against ``fraction`` of the time ``clock`` says training
     took (the schedule's: the time its steps took, start to end). ``charge`` after doing the work (what
-    it measured), ``allows`` before: the work runs only if its last measured cost fits in what is left."""
+    it measured), ``allows`` before: the work runs only if its last measured cost fits in what is left.
+
+    Two accounts share that allowance: sampled steps (the profiler and the trace) may spend all of it but
+    the cheap kinds' reserve (``reserved`` of it, less what they spent), the cheap kinds their reserve or
+    all that sampled steps leave. Together they never spend more than the allowance."""
 
     def __init__(
-        self, fraction: float = BUDGET_FRACTION, clock: Callable[[], float] = time.perf_counter
+        self,
+        fraction: float = BUDGET_FRACTION,
+        clock: Callable[[], float] = time.perf_counter,
+        reserved: float = RESERVED_SHARE,
     ) -> None:
         self.fraction = float(fraction)
+        self.reserved = min(max(float(reserved), 0.0), 1.0)
         self._clock = clock
         self.started = clock()
-        self.spent_s = 0.0
+        self.spent_s = 0.0  # by every kind
+        self.sampled_s = 0.0  # of that, by sampled steps
         self.cost: dict[str, float] = {}  # the last measured cost of each kind
 
     def charge(self, kind: str, seconds: float) -> None:
         if seconds > 0:
             self.spent_s += seconds
+            if kind == SAMPLED:
+                self.sampled_s += seconds
             self.cost[kind] = seconds
 
     def note(self, kind: str, seconds: float) -> None:
@@ -72,16 +90,25 @@ class Budget:
     def allowance_s(self) -> float:
         return self.fraction * (self._clock() - self.started)
 
+    def _needed_s(self, kind: str) -> float:
+        """The allowance at which ``kind``'s last measured cost fits."""
+        cost = self.cost.get(kind, 0.0)
+        sampled = self.sampled_s
+        cheap = self.spent_s - sampled
+        if kind == SAMPLED:  # all of it but the cheap kinds' unspent reserve
+            rest = 1.0 - self.reserved
+            return max(self.spent_s + cost, (sampled + cost) / rest if rest > 0 else float("inf"))
+        need = cheap + cost  # their reserve, or what sampled steps leave
+        return min(need / self.reserved if self.reserved > 0 else float("inf"), need + sampled)
+
     def wait_s(self, kind: str) -> float:
         """Seconds of training until ``allows(kind)``, if nothing else is charged meanwhile."""
         if self.fraction <= 0:
             return float("inf")
-        need = (self.spent_s + self.cost.get(kind, 0.0)) / self.fraction
-        return max(need - (self._clock() - self.started), 0.0)
+        return max(self._needed_s(kind) / self.fraction - (self._clock() - self.started), 0.0)
 
     def allows(self, kind: str) -> bool:
-        # (allowance_s written out: asked on every step while the budget holds work back)
-        return self.spent_s + self.cost.get(kind, 0.0) <= self.fraction * (self._clock() - self.started)
+        return self._needed_s(kind) <= self.fraction * (self._clock() - self.started)
 
 
 class Periodic:

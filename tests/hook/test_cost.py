@@ -98,6 +98,7 @@ def test_the_hook_causes_no_older_collections_than_the_plain_loop(tmp_path: Path
         model, opt = _mlp()
         tracker = anatomy.track(model, opt, directory=tmp_path, record=False) if hooked else None
         _steps(model, opt, 10, tracker)  # set-up, the warm-up and sampled steps: not the steady state
+        gc.collect()  # every arm from empty generations (what earlier tests left would decide which is older)
         counts = [0, 0, 0]
 
         def count(phase: str, info: dict[str, int]) -> None:

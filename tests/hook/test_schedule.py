@@ -94,3 +94,65 @@ def test_a_periodic_re_sum_waits_for_the_budget() -> None:
     budget.charge(REFRESH, 10.0)
     assert not s.refresh_due(30)
     assert s.quiet_until(31, looked_at=30) > 31  # an owed re-sum waits for the budget, not every step
+
+
+def test_a_costly_sampled_step_does_not_hold_the_re_sums_back() -> None:
+    """A profiling episode far over the budget holds the next sampled step back, not the cheap kinds:
+    they keep a quarter of the allowance (``RESERVED_SHARE``), which sampled steps never spend."""
+    from anatomy.hook.schedule import COUNT, HEAP, RESERVED_SHARE, SAMPLED, Budget
+
+    now = [0.0]
+    budget = Budget(0.01, clock=lambda: now[0])
+    budget.charge(SAMPLED, 0.081)  # an 81 ms episode
+    budget.charge(REFRESH, 0.00045)  # re-sums of 0.45 ms
+    now[0] = 1.0  # 10 ms of allowance: the episode alone is 8 times that
+    assert not budget.allows(SAMPLED)
+    assert budget.allows(REFRESH) and budget.allows(COUNT) and budget.allows(HEAP)  # (no cost known: 0)
+    s = Schedule(sample_every=10, interval_s=1.0, budget=budget)
+    assert s.refresh_due(10) and not s.sample_due(10)
+    # sampled steps never spend the cheap kinds' unspent reserve, even where the total has room
+    now[0] = 0.0
+    budget = Budget(0.01, clock=lambda: now[0])
+    budget.charge(SAMPLED, 0.05)
+    now[0] = 10.0  # 100 ms of allowance, 50 ms spent: a second 50 ms episode would leave no reserve
+    assert budget.allowance_s() >= budget.spent_s + budget.cost[SAMPLED]
+    assert not budget.allows(SAMPLED)
+    room = 0.1 / (1 - RESERVED_SHARE) / 0.01  # the training time whose allowance holds both and the reserve
+    now[0] = room * 0.99
+    assert not budget.allows(SAMPLED)
+    now[0] = room * 1.001
+    assert budget.allows(SAMPLED)
+
+
+def test_the_two_accounts_never_spend_more_than_the_allowance_and_say_when_they_can() -> None:
+    """Random work of every kind, each run only where ``allows`` says so (at the cost it last measured):
+    the total never passes the allowance, and ``wait_s`` is the training time after which it is allowed."""
+    import random
+
+    from anatomy.hook.schedule import COUNT, HEAP, LOOK, SAMPLED, Budget
+
+    rng = random.Random(0)
+    now = [0.0]
+    budget = Budget(0.01, clock=lambda: now[0])
+    kinds = [SAMPLED, REFRESH, HEAP, COUNT, LOOK]
+    costs = {SAMPLED: 0.08, REFRESH: 0.0005, HEAP: 0.002, COUNT: 0.004, LOOK: 0.003}
+    for kind, cost in costs.items():
+        budget.note(kind, cost)
+    ran = dict.fromkeys(kinds, 0)
+    for _ in range(20000):
+        now[0] += rng.uniform(0.0, 0.02)
+        kind = rng.choice(kinds)
+        wait = budget.wait_s(kind)
+        if budget.allows(kind):
+            assert wait == 0.0
+            budget.charge(kind, costs[kind])
+            ran[kind] += 1
+            assert budget.spent_s <= budget.allowance_s() + 1e-12
+        else:
+            assert wait > 0.0
+            now[0] += wait  # (then it fits, to the float's rounding)
+            assert budget.wait_s(kind) < 1e-6
+            now[0] -= wait
+    assert ran[REFRESH] and ran[HEAP]  # (the cheapest take what room there is: the kinds' rates are the
+    # schedule's, per interval; here every kind asks all the time)
+    assert budget.sampled_s <= (1 - budget.reserved) * budget.allowance_s() + 1e-12

@@ -446,3 +446,41 @@ def test_ordinary_steps_are_lean_and_publish_what_the_full_way_does(
     timing = published[-1].timing
     assert timing.forward_s and timing.backward_s and timing.optimizer_s and timing.step_s
     assert timing.forward_s + timing.backward_s + timing.optimizer_s <= timing.step_s
+
+
+@pytest.mark.parametrize(
+    "call", ["begin_step", "forward_begin", "backward_begin", "backward_end", "end_step"]
+)
+def test_a_tracker_call_that_fails_is_said_and_never_stops_the_fit(
+    tmp_path: Path, call: str, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Each of the callback's per-batch calls into the tracker under a try of its own: one that raises is
+    logged with the Lightning hook it came from, and the fit goes on with the losses it has without us."""
+    from anatomy.hook.tracker import Tracker
+    from anatomy.lightning import AnatomyCallback
+
+    events = {
+        "begin_step": "on_train_batch_start",
+        "forward_begin": "on_train_batch_start",
+        "backward_begin": "on_before_backward",
+        "backward_end": "on_after_backward",
+        "end_step": "on_train_batch_end",
+    }
+    plain = Regressor()
+    _fit(plain, [], tmp_path / "plain")
+
+    def broken(self: Any, *args: Any, **kwargs: Any) -> None:
+        raise RuntimeError("broken on purpose")
+
+    monkeypatch.setattr(Tracker, call, broken)
+    module = Regressor()
+    callback = AnatomyCallback(publish=False)
+    with caplog.at_level("WARNING", logger="anatomy"):
+        _fit(module, [callback], tmp_path / "hooked")
+    assert module.losses == plain.losses
+    said = [r.getMessage() for r in caplog.records if "broken on purpose" in r.getMessage()]
+    at_event = [m for m in said if f"the Lightning callback's {events[call]} failed (RuntimeError" in m]
+    assert len(at_event) == BATCHES
+    # (a step never ended is ended by the next batch's begin_step: that one fails too, where it is called)
+    rest = set(said) - set(at_event)
+    assert not rest or (call == "end_step" and all("on_train_batch_start failed" in m for m in rest))
