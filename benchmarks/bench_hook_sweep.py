@@ -53,6 +53,7 @@ Usage:
   python benchmarks/bench_hook_sweep.py --loops plain --depths 2,32,96 --json out.json
   python benchmarks/bench_hook_sweep.py --only llama --depths 8 --loops trainer,lightning --rounds 300
   python benchmarks/bench_hook_sweep.py --device cuda --loops plain --depths 2,8,32 --widths ""  # on a GPU
+  python benchmarks/bench_hook_sweep.py --device cuda --loops plain --cpu 15   # every worker on CPU 15
 """
 
 from __future__ import annotations
@@ -374,8 +375,12 @@ def _lightning_loop(config: Config, gate: Gate, hooked: bool) -> None:
     trainer.fit(Module(_build(config)), loader)
 
 
-def worker(conn: Connection, config: Config, arm: str, directory: str, threads: int) -> None:
-    """One arm's process: build, then step only when told."""
+def worker(
+    conn: Connection, config: Config, arm: str, directory: str, threads: int, cpu: int | None = None
+) -> None:
+    """One arm's process: build, then step only when told (``cpu``: on that one CPU, every thread of it)."""
+    if cpu is not None:
+        os.sched_setaffinity(0, {cpu})
     hooked = arm == "hooked"
     if hooked:
         os.environ["ANATOMY_TOP_DIR"] = directory
@@ -482,13 +487,14 @@ def preloads(args: argparse.Namespace) -> list[str]:
 class Arms:
     """The three worker processes of one configuration."""
 
-    def __init__(self, config: Config, directory: Path, threads: int) -> None:
+    def __init__(self, config: Config, directory: Path, threads: int, cpu: int | None = None) -> None:
         ctx = _context()
         self.conns: dict[str, Connection] = {}
         self.procs: dict[str, Any] = {}
         for arm in ARMS:
             parent, child = ctx.Pipe()
-            proc = ctx.Process(target=worker, args=(child, config, arm, str(directory), threads), daemon=True)
+            args = (child, config, arm, str(directory), threads, cpu)
+            proc = ctx.Process(target=worker, args=args, daemon=True)
             proc.start()
             child.close()
             self.conns[arm], self.procs[arm] = parent, proc
@@ -565,7 +571,7 @@ def run_config(config: Config, args: argparse.Namespace, log: Callable[[str], No
     started = time.perf_counter()
     with tempfile.TemporaryDirectory(prefix="anatomy-sweep-") as tmp:
         directory = Path(tmp)
-        arms = Arms(config, directory, args.threads)
+        arms = Arms(config, directory, args.threads, args.cpu)
         startup = time.perf_counter() - started
         reader = ReaderThread(directory)
         try:
@@ -704,6 +710,7 @@ def run_config(config: Config, args: argparse.Namespace, log: Callable[[str], No
         "rounds": n,
         "warmup": args.warmup,
         "threads": args.threads,
+        "cpu": args.cpu,
         "seconds": elapsed,
         "startup_s": startup,
         "snapshots_received": reader.received,
@@ -903,6 +910,12 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     )
     ap.add_argument("--threads", type=int, default=1, help="torch threads per worker")
     ap.add_argument(
+        "--cpu",
+        type=int,
+        default=None,
+        help="every worker on this one CPU (steadier on many cores; default: where the scheduler puts them)",
+    )
+    ap.add_argument(
         "--device", default="cpu", help="where the model trains: cpu, or cuda (a step then ends synchronized)"
     )
     ap.add_argument("--quick", action="store_true", help="depths 2,8, a short budget: about 2 minutes")
@@ -928,7 +941,8 @@ def main(argv: Sequence[str] | None = None) -> None:
     load = os.getloadavg()[0] if hasattr(os, "getloadavg") else math.nan
     log(
         f"hook sweep: loops {','.join(args.loops)}, models {','.join(args.only)}, depths "
-        f"{','.join(map(str, args.depths))}; {args.threads} torch thread(s) per worker; "
+        f"{','.join(map(str, args.depths))}; {args.threads} torch thread(s) per worker"
+        f"{'' if args.cpu is None else f', all on CPU {args.cpu}'}; "
         f"load average {load:.2f} "
         f"on {os.cpu_count()} CPUs"
     )

@@ -29,6 +29,9 @@ def _table(stdout: str) -> tuple[list[str], list[list[str]]]:
     return header, rows
 
 
+CPU = max(os.sched_getaffinity(0))  # the workers pinned there (--cpu)
+
+
 def test_smallest_configuration_prints_every_column(tmp_path: Path) -> None:
     out = tmp_path / "out.json"
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
@@ -46,6 +49,8 @@ def test_smallest_configuration_prints_every_column(tmp_path: Path) -> None:
             "plain",
             "--json",
             str(out),
+            "--cpu",
+            str(CPU),
         ],
         env=env,
         capture_output=True,
@@ -85,8 +90,9 @@ def test_smallest_configuration_prints_every_column(tmp_path: Path) -> None:
     payload = json.loads(out.read_text())
     results = payload["results"]
     assert len(results) == 2
+    assert f"all on CPU {CPU}" in proc.stdout.splitlines()[0]
     for res in results:
-        assert res["rounds"] == 3
+        assert res["rounds"] == 3 and res["cpu"] == CPU
         for key in (
             "step_ms",
             "extra_unsampled_us",
