@@ -112,71 +112,39 @@ class _AnatomyCallback(CallbackBase):
 
     # -- a training batch -------------------------------------------------------------------------
 
-    # Per batch: the tracker's calls under a try of their own, written out rather than through ``_guard``
-    # (a frame less for each of the seven calls a batch: after a step the hook's code runs cold in the
-    # caches, and every call costs microseconds there).
-
     def on_train_batch_start(self, trainer: Any, pl_module: Any, batch: Any, batch_idx: int) -> None:
         tracker = self.tracker
         if tracker is None:
             return
         self._in_batch = True
-        event = "on_train_batch_start"
-        try:
-            x = _first_tensor(batch)
-            samples = int(x.shape[0]) if x is not None and x.dim() >= 1 else None
-            tracker.begin_step(samples)
-        except Exception as exc:
-            self._failed(event, exc)
-            x = None
-        try:
-            tracker.forward_begin(x)
-        except Exception as exc:
-            self._failed(event, exc)
+        x = _first_tensor(batch)
+        samples = int(x.shape[0]) if x is not None and x.dim() >= 1 else None
+        self._guard("on_train_batch_start", tracker.begin_step, samples)
+        self._guard("on_train_batch_start", tracker.forward_begin, x)
 
     def on_before_backward(self, trainer: Any, pl_module: Any, loss: Any) -> None:
-        tracker = self.tracker
-        if tracker is not None and self._in_batch:
-            try:
-                tracker.backward_begin()
-            except Exception as exc:
-                self._failed("on_before_backward", exc)
+        if self.tracker is not None and self._in_batch:
+            self._guard("on_before_backward", self.tracker.backward_begin)
 
     def on_after_backward(self, trainer: Any, pl_module: Any) -> None:
-        tracker = self.tracker
-        if tracker is not None and self._in_batch:
-            try:
-                tracker.backward_end()
-            except Exception as exc:
-                self._failed("on_after_backward", exc)
+        if self.tracker is not None and self._in_batch:
+            self._guard("on_after_backward", self.tracker.backward_end)
 
     def on_before_optimizer_step(self, trainer: Any, pl_module: Any, optimizer: Any) -> None:
         # (the optimizer's own step hooks mark it too; whichever comes first counts)
-        tracker = self.tracker
-        if tracker is not None and self._in_batch:
-            try:
-                tracker.optimizer_begin()
-            except Exception as exc:
-                self._failed("on_before_optimizer_step", exc)
+        if self.tracker is not None and self._in_batch:
+            self._guard("on_before_optimizer_step", self.tracker.optimizer_begin)
 
     def on_train_batch_end(
         self, trainer: Any, pl_module: Any, outputs: Any, batch: Any, batch_idx: int
     ) -> None:
-        tracker = self.tracker
-        if tracker is None or not self._in_batch:
+        if self.tracker is None or not self._in_batch:
             return
         self._in_batch = False
-        event = "on_train_batch_end"
-        try:
-            tracker.forward_end()  # a step that never called backward
-        except Exception as exc:
-            self._failed(event, exc)
-        try:
-            tracker.end_step()
-        except Exception as exc:
-            self._failed(event, exc)
+        self._guard("on_train_batch_end", self.tracker.forward_end)  # a step that never called backward
+        self._guard("on_train_batch_end", self.tracker.end_step)
         if self.log_to_loggers:  # (the snapshot is made only where Lightning logs the step)
-            self._guard(event, log_snapshot, trainer, self._latest)
+            self._guard("on_train_batch_end", log_snapshot, trainer, self._latest)
 
 
 _CLASS: type | None = None

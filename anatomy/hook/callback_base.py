@@ -56,12 +56,8 @@ class CallbackBase:
         try:
             fn(*args)
         except Exception as exc:  # a callback error would stop the training: never let one out
-            self._failed(event, exc)
-
-    def _failed(self, event: str, exc: Exception) -> None:
-        """A callback's call failed: said, never raised."""
-        name = type(exc).__name__
-        log.warning("anatomy: the %s callback's %s failed (%s: %s)", self.framework, event, name, exc)
+            name = type(exc).__name__
+            log.warning("anatomy: the %s callback's %s failed (%s: %s)", self.framework, event, name, exc)
 
     def _current_tracker(self, model: Any) -> Tracker | None:
         """The tracker, if it still measures ``model``; one closed or of another model is closed and

@@ -153,15 +153,7 @@ class StepClock:
                 mark = (kind, self._events(enable_timing=True))
                 made.append(mark)
             self._used = used + 1
-            current = self._stream
-            stream = None
-            if current is not None:  # (CurrentStream.get, written out: a frame less, six times a step)
-                handle = current._handle
-                if handle is not None:
-                    device = current._device()
-                    stream = current._stream
-                    if current._key != (device, handle(device)):
-                        stream = current.get()
+            stream = self._stream.get() if self._stream is not None else None
             self._calls.record(mark[1], stream)  # type: ignore[union-attr]
             self.marks.append(mark)
         else:
