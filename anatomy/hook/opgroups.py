@@ -48,7 +48,7 @@ from typing import Any
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from anatomy.hook.op_flops import flops_of
+from anatomy.hook.op_flops import Counter, counter_for
 from anatomy.protocol import OpGroupStat
 from anatomy.vocabulary import OpGroup, Phase
 
@@ -180,11 +180,12 @@ def _is_norm_module(module: torch.nn.Module) -> bool:
 
 
 def _device_of(args: tuple[Any, ...]) -> torch.device | None:
+    """The CUDA device of the op's first tensor argument; None where that is not on CUDA (host-timed)."""
     for a in args:
         if isinstance(a, torch.Tensor):
-            return a.device
+            return a.device if a.is_cuda else None
         if isinstance(a, (list, tuple)) and a and isinstance(a[0], torch.Tensor):
-            return a[0].device
+            return a[0].device if a[0].is_cuda else None
     return None
 
 
@@ -194,6 +195,22 @@ _METADATA_OPS = frozenset(
      "size", "sym_size", "stride", "sym_stride", "storage_offset", "sym_storage_offset", "numel",
      "sym_numel", "dim", "layout", "device"}
 )  # fmt: skip
+
+# Per op seen (keyed by id: an op's own __hash__ is Python code, a call per lookup; the op itself is kept
+# in the entry, so its id is never another's): the op, its group, its base name and how to count its
+# FLOPs (None: a metadata op, not work). Ops are the process's own singletons: one entry each, shared by
+# every profiler.
+_PLANS: dict[int, tuple[Any, OpGroup, str, Counter | None]] = {}
+_MAX_PLANS = 8192
+
+
+def _plan(func: Any) -> tuple[Any, OpGroup, str, Counter | None]:
+    name = base_name(str(func))
+    group = _classify_base(name)
+    plan = (func, group, name, None if name in _METADATA_OPS else counter_for(func, group, name))
+    if len(_PLANS) < _MAX_PLANS:
+        _PLANS[id(func)] = plan
+    return plan
 
 
 class OpGroupProfiler(TorchDispatchMode):
@@ -220,7 +237,6 @@ class OpGroupProfiler(TorchDispatchMode):
         # CUDA: (group, start event, end event) waiting for the device; the last end event per stream.
         self._pending: list[tuple[OpGroup, Any, Any]] = []
         self._last_events: dict[Any, Any] = {}
-        self._group_of: dict[Any, tuple[OpGroup, str]] = {}
         self._result: dict[OpGroup, OpGroupStat] | None = None
         self._exited = False
         self.total_flops: float = 0.0
@@ -358,25 +374,19 @@ class OpGroupProfiler(TorchDispatchMode):
 
     # -- the dispatch mode --------------------------------------------------------------------
 
-    def _lookup(self, func: Any) -> tuple[OpGroup, str]:
-        cached = self._group_of.get(func)
-        if cached is None:
-            full = str(func)
-            name = base_name(full)
-            cached = (_classify_base(name), name)
-            self._group_of[func] = cached
-        return cached
-
     def __torch_dispatch__(
         self, func: Any, types: Any, args: tuple[Any, ...] = (), kwargs: dict[str, Any] | None = None
     ) -> Any:
         kwargs = kwargs or {}
-        group, name = self._lookup(func)
-        if name in _METADATA_OPS:
+        plan = _PLANS.get(id(func))
+        if plan is None:
+            plan = _plan(func)
+        group, counter = plan[1], plan[3]
+        if counter is None:
             return func(*args, **kwargs)
         device = _device_of(args)
         stream = start = end = None
-        if device is not None and device.type == "cuda":
+        if device is not None:
             try:
                 stream = torch.cuda.current_stream(device)
                 start = torch.cuda.Event(enable_timing=True)
@@ -399,7 +409,7 @@ class OpGroupProfiler(TorchDispatchMode):
             out = func(*args, **kwargs)
             elapsed = time.perf_counter() - t0
         try:
-            flops = flops_of(func, group, name, args, kwargs, out)
+            flops = counter(args, kwargs, out)
         except Exception:
             flops = 0.0
             self.errors += 1
