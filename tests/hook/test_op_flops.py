@@ -36,6 +36,15 @@ class Compare(TorchDispatchMode):
         return out
 
 
+def _training(loss: Callable[[], torch.Tensor], opt: torch.optim.Optimizer) -> Callable[[], None]:
+    def step() -> None:
+        loss().backward()
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+
+    return step
+
+
 def _bert(foreach: bool) -> Callable[[], None]:
     import transformers
 
@@ -46,13 +55,7 @@ def _bert(foreach: bool) -> Callable[[], None]:
     model = transformers.BertForSequenceClassification(config)
     opt = torch.optim.AdamW(model.parameters(), lr=1e-4, foreach=foreach)
     ids, labels = torch.randint(0, 500, (2, 16)), torch.randint(0, 2, (2,))
-
-    def step() -> None:
-        model(input_ids=ids, labels=labels).loss.backward()
-        opt.step()
-        opt.zero_grad(set_to_none=True)
-
-    return step
+    return _training(lambda: model(input_ids=ids, labels=labels).loss, opt)
 
 
 def _llama() -> Callable[[], None]:
@@ -64,13 +67,7 @@ def _llama() -> Callable[[], None]:
     model = LlamaForCausalLM(config)
     opt = torch.optim.AdamW(model.parameters(), lr=1e-4, fused=True)
     ids = torch.randint(0, 256, (2, 16))
-
-    def step() -> None:
-        model(input_ids=ids, labels=ids).loss.backward()
-        opt.step()
-        opt.zero_grad(set_to_none=True)
-
-    return step
+    return _training(lambda: model(input_ids=ids, labels=ids).loss, opt)
 
 
 def _convnet() -> Callable[[], None]:
@@ -82,13 +79,7 @@ def _convnet() -> Callable[[], None]:
     x = torch.randn(2, 3, 16, 16)
     model(x)
     opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
-
-    def step() -> None:
-        torch.nn.functional.cross_entropy(model(x), torch.tensor([0, 1])).backward()
-        opt.step()
-        opt.zero_grad(set_to_none=True)
-
-    return step
+    return _training(lambda: torch.nn.functional.cross_entropy(model(x), torch.tensor([0, 1])), opt)
 
 
 def _attention() -> Callable[[], None]:
