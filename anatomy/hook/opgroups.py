@@ -206,10 +206,21 @@ _PLANS: dict[int, tuple[Any, OpGroup, str, Counter | None]] = {}
 _MAX_PLANS = 8192
 
 
+def _unknown_flops(args: tuple[Any, ...], kwargs: dict[str, Any], out: Any) -> float:
+    # (each call counts 0 and an error, as a failing formula does)
+    raise LookupError("no FLOP counter for this op")
+
+
 def _plan(func: Any) -> tuple[Any, OpGroup, str, Counter | None]:
     name = base_name(str(func))
     group = _classify_base(name)
-    plan = (func, group, name, None if name in _METADATA_OPS else counter_for(func, group, name))
+    counter: Counter | None = None
+    if name not in _METADATA_OPS:
+        try:
+            counter = counter_for(func, group, name)
+        except Exception:  # (inside the user's op: never in its way)
+            counter = _unknown_flops
+    plan = (func, group, name, counter)
     if len(_PLANS) < _MAX_PLANS:
         _PLANS[id(func)] = plan
     return plan

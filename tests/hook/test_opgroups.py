@@ -353,6 +353,25 @@ def test_a_failing_flop_formula_never_breaks_the_step(monkeypatch: pytest.Monkey
     assert result[OpGroup.ELEMENTWISE].flops == 0.0
 
 
+def test_an_op_whose_counter_cannot_be_chosen_counts_zero_flops_and_an_error(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    def broken(func: Any, group: OpGroup, name: str) -> Any:
+        raise AttributeError("no overloadpacket")
+
+    monkeypatch.setattr(opgroups, "counter_for", broken)
+    monkeypatch.setattr(opgroups, "_PLANS", {})
+    prof = OpGroupProfiler()
+    a = torch.randn(4, 4)
+    with prof:
+        y = (a @ a).relu()
+    assert torch.equal(y, (a @ a).relu())
+    result = prof.result()
+    assert result is not None and prof.errors == 2
+    assert result[OpGroup.CONTRACTION].flops == 0.0 and result[OpGroup.ELEMENTWISE].flops == 0.0
+    assert (result[OpGroup.CONTRACTION].time_s or 0.0) > 0.0  # (timed all the same)
+
+
 # -- CUDA timing logic, with the device replaced by fakes (no GPU on CI) ---------------------------
 
 
