@@ -34,8 +34,9 @@ from anatomy.hook.schedule import LOOK
 from anatomy.hook.tensors import (
     dominant_dtype,
     gradient_bytes,
+    model_parts,
     optimizer_state_bytes,
-    parameter_count,
+    parameters_count,
     storage_key,
     unwrap_optimizer,
     weight_bytes,
@@ -220,16 +221,17 @@ class Attachment(TrackerState):
     def _refresh_weights(self) -> None:
         """Re-sum the weights and re-learn the parameters (storages, device, count, dtype)."""
         model = self.model
-        by_dtype = weight_bytes(model)
+        parts = model_parts(model)  # (each walk once: a re-sum asks for each several times)
+        params, buffers, modules = parts
+        by_dtype = weight_bytes(model, parts)
         self._sums.weights_by_dtype = by_dtype
         self._sums.weights = sum(by_dtype.values())
-        params = list(model.parameters())
-        weights = [*params, *model.buffers()]
+        weights = [*params, *buffers]
         self._counter.set_params(weights)
         if self._guard.ok(Feature.CHANGES):
             with self._guard(Feature.CHANGES):
-                self._model_watch.remember(model)
-                self._optimizer_watch.set_params(model)
+                self._model_watch.remember(model, modules, params)
+                self._optimizer_watch.set_params(model, params)
         candidates = [p for p in params if p.requires_grad] or params
         probe = candidates[0] if candidates else None
         self._probe_ref = weakref.ref(probe) if probe is not None else None
@@ -237,8 +239,8 @@ class Attachment(TrackerState):
         # A plain parameter's own data pointer moves with its storage, and reading it allocates nothing.
         plain = probe is not None and type(probe) in (torch.nn.Parameter, torch.Tensor)
         self._probe_data = probe.data_ptr() if plain and probe is not None else None
-        count, dtype = parameter_count(model), dominant_dtype(model)
-        trainable = parameter_count(model, trainable=True)
+        count, dtype = parameters_count(params), dominant_dtype(model, params)
+        trainable = parameters_count(params, trainable=True)
         quantization = weight_quantization(params)
         if (count, dtype, trainable, quantization) != (
             self._param_count,

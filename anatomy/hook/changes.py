@@ -13,7 +13,7 @@ reference that keeps a user's object alive.
 from __future__ import annotations
 
 import weakref
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from typing import Any
 
 import torch
@@ -29,9 +29,10 @@ from anatomy.hook.tensors import storage_key, unwrap_optimizer
 Signature = tuple[tuple[int, int, tuple[int, ...], torch.dtype, bool], ...]
 
 
-def model_signature(model: torch.nn.Module) -> Signature:
+def model_signature(model: torch.nn.Module, params: Iterable[torch.Tensor] | None = None) -> Signature:
     return tuple(
-        (id(p), storage_key(p), tuple(p.shape), p.dtype, p.requires_grad) for p in model.parameters()
+        (id(p), storage_key(p), tuple(p.shape), p.dtype, p.requires_grad)
+        for p in (params if params is not None else model.parameters())
     )
 
 
@@ -81,9 +82,15 @@ class ModelWatch:
         if id(module) in self._module_ids:
             self.suspect = True  # returning None: the registration goes on unchanged
 
-    def remember(self, model: torch.nn.Module) -> None:
-        self._module_ids = frozenset(id(m) for m in model.modules())
-        self.signature = model_signature(model)
+    def remember(
+        self,
+        model: torch.nn.Module,
+        modules: Iterable[torch.nn.Module] | None = None,
+        params: Iterable[torch.Tensor] | None = None,
+    ) -> None:
+        """The model as it is now (``modules``, ``params``: its own, already listed)."""
+        self._module_ids = frozenset(id(m) for m in (modules if modules is not None else model.modules()))
+        self.signature = model_signature(model, params)
         self.suspect = False
 
     def changed(self, model: torch.nn.Module, look: bool) -> bool:
@@ -135,8 +142,8 @@ class OptimizerWatch:
         self._handle.remove()
         self._handle = register_optimizer_step_pre_hook(wrap(self._stepping))
 
-    def set_params(self, model: torch.nn.Module) -> None:
-        self._param_ids = frozenset(id(p) for p in model.parameters())
+    def set_params(self, model: torch.nn.Module, params: Iterable[torch.Tensor] | None = None) -> None:
+        self._param_ids = frozenset(id(p) for p in (params if params is not None else model.parameters()))
         self._others = weakref.WeakSet()
 
     def _stepping(self, optimizer: Any, args: Any, kwargs: Any) -> Any:

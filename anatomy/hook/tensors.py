@@ -7,7 +7,7 @@ steps and when it sees the model or optimizer change — not on every step.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from typing import Any
 
 import torch
@@ -73,25 +73,42 @@ def parameter_count(model: torch.nn.Module, trainable: bool = False) -> int:
     parameter stay the precision's (4.00 for fp32 weights), not 1/N of it; a packed 4-bit parameter
     counts the weights it stands for. ``trainable``: only those that require a gradient."""
     # parameters() yields a shared (tied) Parameter once, so this counts tied embeddings once.
-    return sum(logical_numel(local_tensor(p)) for p in model.parameters() if p.requires_grad or not trainable)
+    return parameters_count(model.parameters(), trainable)
 
 
-def model_tensors(model: torch.nn.Module) -> Iterator[torch.Tensor]:
+def parameters_count(params: Iterable[torch.Tensor], trainable: bool = False) -> int:
+    """:func:`parameter_count` of a model's parameters already listed (``model.parameters()``)."""
+    return sum(logical_numel(local_tensor(p)) for p in params if p.requires_grad or not trainable)
+
+
+# A model's parameters, buffers and modules, each listed once (``model_parts``).
+Parts = tuple[list[torch.Tensor], list[torch.Tensor], list[torch.nn.Module]]
+
+
+def model_tensors(model: torch.nn.Module, parts: Parts | None = None) -> Iterator[torch.Tensor]:
     """Every tensor a model's weights occupy: parameters, buffers, and quantized parameters' state
-    (bitsandbytes' scales and code books, which are neither)."""
-    for p in model.parameters():
+    (bitsandbytes' scales and code books, which are neither). ``parts``: the model's parameters, buffers
+    and modules already listed (``model_parts``), walked again otherwise."""
+    params, buffers, modules = parts if parts is not None else model_parts(model)
+    for p in params:
         yield p
         yield from quantization_tensors(p)
-    yield from model.buffers()
-    for module in model.modules():
+    yield from buffers
+    for module in modules:
         yield from layer_state_tensors(module)
 
 
-def weight_bytes(model: torch.nn.Module) -> dict[str, int]:
+def model_parts(model: torch.nn.Module) -> Parts:
+    """The model's parameters, buffers and modules, each walk made once (a re-sum asks all three several
+    times: each walk of a deep model's modules is a generator per module)."""
+    return list(model.parameters()), list(model.buffers()), list(model.modules())
+
+
+def weight_bytes(model: torch.nn.Module, parts: Parts | None = None) -> dict[str, int]:
     """dtype name -> bytes of parameters, buffers and quantization states, each storage counted once."""
     seen: set[int] = set()
     out: dict[str, int] = {}
-    for t in model_tensors(model):
+    for t in model_tensors(model, parts):
         key = storage_key(t)
         if key in seen:
             continue
@@ -147,10 +164,11 @@ def optimizer_state_bytes(optimizer: Any) -> int:
     return total
 
 
-def dominant_dtype(model: torch.nn.Module) -> torch.dtype:
-    """The floating dtype holding most parameter bytes (float32 when there are none)."""
+def dominant_dtype(model: torch.nn.Module, params: Iterable[torch.Tensor] | None = None) -> torch.dtype:
+    """The floating dtype holding most parameter bytes (float32 when there are none); ``params``: the
+    model's, already listed."""
     by_dtype: dict[torch.dtype, int] = {}
-    for p in model.parameters():
+    for p in params if params is not None else model.parameters():
         if p.is_floating_point():
             by_dtype[p.dtype] = by_dtype.get(p.dtype, 0) + p.numel() * p.element_size()
     if not by_dtype:
