@@ -36,7 +36,7 @@ from anatomy.hook.tensors import (
     gradient_bytes,
     model_parts,
     optimizer_state_bytes,
-    parameters_count,
+    parameter_count,
     storage_key,
     unwrap_optimizer,
     weight_bytes,
@@ -230,8 +230,8 @@ class Attachment(TrackerState):
         self._counter.set_params(weights)
         if self._guard.ok(Feature.CHANGES):
             with self._guard(Feature.CHANGES):
-                self._model_watch.remember(model, modules, params)
-                self._optimizer_watch.set_params(model, params)
+                self._model_watch.remember(modules, params)
+                self._optimizer_watch.set_params(params)
         candidates = [p for p in params if p.requires_grad] or params
         probe = candidates[0] if candidates else None
         self._probe_ref = weakref.ref(probe) if probe is not None else None
@@ -239,8 +239,8 @@ class Attachment(TrackerState):
         # A plain parameter's own data pointer moves with its storage, and reading it allocates nothing.
         plain = probe is not None and type(probe) in (torch.nn.Parameter, torch.Tensor)
         self._probe_data = probe.data_ptr() if plain and probe is not None else None
-        count, dtype = parameters_count(params), dominant_dtype(model, params)
-        trainable = parameters_count(params, trainable=True)
+        count, dtype = parameter_count(params), dominant_dtype(params)
+        trainable = parameter_count(params, trainable=True)
         quantization = weight_quantization(params)
         if (count, dtype, trainable, quantization) != (
             self._param_count,

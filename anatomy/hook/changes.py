@@ -29,16 +29,15 @@ from anatomy.hook.tensors import storage_key, unwrap_optimizer
 Signature = tuple[tuple[int, int, tuple[int, ...], torch.dtype, bool], ...]
 
 
-def model_signature(model: torch.nn.Module, params: Iterable[torch.Tensor] | None = None) -> Signature:
-    return tuple(
-        (id(p), storage_key(p), tuple(p.shape), p.dtype, p.requires_grad)
-        for p in (params if params is not None else model.parameters())
-    )
+def model_signature(params: Iterable[torch.Tensor]) -> Signature:
+    """Of a model's parameters (``model.parameters()``)."""
+    return tuple((id(p), storage_key(p), tuple(p.shape), p.dtype, p.requires_grad) for p in params)
 
 
 def same_signature(model: torch.nn.Module, signature: Signature) -> bool:
-    """``model_signature(model) == signature``, compared parameter by parameter: no new signature is
-    built (a tuple per parameter all alive at once would be garbage enough to trigger collections)."""
+    """``model_signature(model.parameters()) == signature``, compared parameter by parameter: no new
+    signature is built (a tuple per parameter all alive at once would be garbage enough to trigger
+    collections)."""
     n = len(signature)
     i = 0
     for p in model.parameters():
@@ -68,7 +67,7 @@ class ModelWatch:
         self.key: int = module_handle.id
         self.hook: Any = regs.get(self.key) if isinstance(regs, dict) else None
         self.registrations: dict[int, Any] | None = regs if self.hook is not None else None
-        self.remember(model)
+        self.remember(model.modules(), model.parameters())
 
     def pause(self) -> None:
         if self.registrations is not None:
@@ -82,15 +81,10 @@ class ModelWatch:
         if id(module) in self._module_ids:
             self.suspect = True  # returning None: the registration goes on unchanged
 
-    def remember(
-        self,
-        model: torch.nn.Module,
-        modules: Iterable[torch.nn.Module] | None = None,
-        params: Iterable[torch.Tensor] | None = None,
-    ) -> None:
-        """The model as it is now (``modules``, ``params``: its own, already listed)."""
-        self._module_ids = frozenset(id(m) for m in (modules if modules is not None else model.modules()))
-        self.signature = model_signature(model, params)
+    def remember(self, modules: Iterable[torch.nn.Module], params: Iterable[torch.Tensor]) -> None:
+        """The model as it is now: its ``modules()`` and ``parameters()``."""
+        self._module_ids = frozenset(id(m) for m in modules)
+        self.signature = model_signature(params)
         self.suspect = False
 
     def changed(self, model: torch.nn.Module, look: bool) -> bool:
@@ -142,8 +136,9 @@ class OptimizerWatch:
         self._handle.remove()
         self._handle = register_optimizer_step_pre_hook(wrap(self._stepping))
 
-    def set_params(self, model: torch.nn.Module, params: Iterable[torch.Tensor] | None = None) -> None:
-        self._param_ids = frozenset(id(p) for p in (params if params is not None else model.parameters()))
+    def set_params(self, params: Iterable[torch.Tensor]) -> None:
+        """The tracked model's parameters (an optimizer over none of them is another model's)."""
+        self._param_ids = frozenset(id(p) for p in params)
         self._others = weakref.WeakSet()
 
     def _stepping(self, optimizer: Any, args: Any, kwargs: Any) -> Any:

@@ -99,14 +99,9 @@ def _elementwise(args: tuple[Any, ...], out: Any) -> float:
     return float(ELEMENTWISE_FLOPS_PER_ELEMENT * _max_numel(out))
 
 
-def _nothing(args: tuple[Any, ...], out: Any) -> float:
-    return 0.0
-
-
 def _estimator(group: OpGroup, name: str) -> Callable[[tuple[Any, ...], Any], float]:
-    """The per-element estimate for an op of ``group`` named ``name``: (args, out) -> FLOPs."""
-    if group is OpGroup.OTHER:
-        return _nothing
+    """The per-element estimate for an op of ``group`` (not a contraction, not OTHER) named ``name``:
+    (args, out) -> FLOPs."""
     if group is OpGroup.NORMALIZATION:
         return _normalization
     if name.startswith(("_fused_adam", "_fused_sgd", "_fused_adagrad")):
@@ -116,10 +111,6 @@ def _estimator(group: OpGroup, name: str) -> Callable[[tuple[Any, ...], Any], fl
     if name in _REDUCTIONS:
         return _reduction
     return _elementwise
-
-
-def _estimated_flops(group: OpGroup, name: str, args: tuple[Any, ...], out: Any) -> float:
-    return _estimator(group, name)(args, out)
 
 
 # Counts one call of an op: (args, kwargs, out) -> FLOPs.
@@ -181,21 +172,23 @@ def _shaped(raw: Callable[..., Any], wrapped: Callable[..., Any]) -> Counter:
     return count
 
 
-def counter_for(func: Any, group: OpGroup, name: str) -> Counter:
+def counter_for(func: Any, group: OpGroup, name: str, map_shapes: bool = True) -> Counter:
     """How to count the FLOPs of calls of ``func`` (an op of ``group``, base name ``name``): chosen once
-    per op, so that a call costs the formula and no lookups. Counts what :func:`flops_of` counts."""
+    per op, so that a call costs the formula and no lookups. ``map_shapes``: torch's shape formulas get
+    the shapes mapped here (:func:`_shaped`), else their own wrapper's."""
     packet = func.overloadpacket
     formula = flop_registry.get(packet)
     if formula is not None:
         raw = getattr(formula, "__wrapped__", None)
-        if raw is not None and getattr(formula, "__code__", None) is _SHAPE_WRAPPED:
+        if map_shapes and raw is not None and getattr(formula, "__code__", None) is _SHAPE_WRAPPED:
             return _shaped(raw, formula)
+        # flop_registry formulas take the raw args plus out_val (they map tensors to shapes)
         return lambda args, kwargs, out: float(formula(*args, **kwargs, out_val=out))
     extra = _EXTRA_FORMULAS.get(packet)
     if extra is not None:
         return lambda args, kwargs, out: float(extra(*args, **kwargs))
     if group is OpGroup.CONTRACTION or group is OpGroup.OTHER:
-        return _zero
+        return _zero  # (an unknown contraction kernel: better no number than a wrong one; others move data)
     estimate = _estimator(group, name)
     return lambda args, kwargs, out: estimate(args, out)
 
@@ -203,15 +196,6 @@ def counter_for(func: Any, group: OpGroup, name: str) -> Counter:
 def flops_of(
     func: Any, group: OpGroup, name: str, args: tuple[Any, ...], kwargs: dict[str, Any], out: Any
 ) -> float:
-    """The FLOPs of one call, every lookup made anew (the profiler keeps :func:`counter_for`'s)."""
-    packet = func.overloadpacket
-    formula = flop_registry.get(packet)
-    if formula is not None:
-        # flop_registry formulas take the raw args plus out_val (they map tensors to shapes).
-        return float(formula(*args, **kwargs, out_val=out))
-    extra = _EXTRA_FORMULAS.get(packet)
-    if extra is not None:
-        return float(extra(*args, **kwargs))
-    if group is OpGroup.CONTRACTION:
-        return 0.0  # an unknown contraction kernel: better no number than a wrong one
-    return _estimated_flops(group, name, args, out)
+    """The FLOPs of one call, counted as :func:`counter_for` counts them but with torch's formulas through
+    torch's own shape wrapper (its pytree map): the reference the shapes mapped here are tested against."""
+    return counter_for(func, group, name, map_shapes=False)(args, kwargs, out)

@@ -7,7 +7,7 @@ steps and when it sees the model or optimizer change — not on every step.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterator
 from typing import Any
 
 import torch
@@ -68,16 +68,13 @@ def parameters_of(model_or_params: Any) -> list[torch.Tensor]:
     return [p for p in model_or_params if isinstance(p, torch.Tensor)]
 
 
-def parameter_count(model: torch.nn.Module, trainable: bool = False) -> int:
-    """Parameters this process holds: a sharded (FSDP2) parameter counts its local shard, so bytes per
-    parameter stay the precision's (4.00 for fp32 weights), not 1/N of it; a packed 4-bit parameter
-    counts the weights it stands for. ``trainable``: only those that require a gradient."""
+def parameter_count(model_or_params: Any, trainable: bool = False) -> int:
+    """Parameters this process holds (of a model, or its parameters already listed): a sharded (FSDP2)
+    parameter counts its local shard, so bytes per parameter stay the precision's (4.00 for fp32 weights),
+    not 1/N of it; a packed 4-bit parameter counts the weights it stands for. ``trainable``: only those
+    that require a gradient."""
     # parameters() yields a shared (tied) Parameter once, so this counts tied embeddings once.
-    return parameters_count(model.parameters(), trainable)
-
-
-def parameters_count(params: Iterable[torch.Tensor], trainable: bool = False) -> int:
-    """:func:`parameter_count` of a model's parameters already listed (``model.parameters()``)."""
+    params = parameters_of(model_or_params)
     return sum(logical_numel(local_tensor(p)) for p in params if p.requires_grad or not trainable)
 
 
@@ -164,11 +161,11 @@ def optimizer_state_bytes(optimizer: Any) -> int:
     return total
 
 
-def dominant_dtype(model: torch.nn.Module, params: Iterable[torch.Tensor] | None = None) -> torch.dtype:
-    """The floating dtype holding most parameter bytes (float32 when there are none); ``params``: the
-    model's, already listed."""
+def dominant_dtype(model_or_params: Any) -> torch.dtype:
+    """The floating dtype holding most parameter bytes (float32 when there are none), of a model or its
+    parameters already listed."""
     by_dtype: dict[torch.dtype, int] = {}
-    for p in params if params is not None else model.parameters():
+    for p in parameters_of(model_or_params):
         if p.is_floating_point():
             by_dtype[p.dtype] = by_dtype.get(p.dtype, 0) + p.numel() * p.element_size()
     if not by_dtype:

@@ -1,6 +1,6 @@
-"""anatomy.hook.op_flops: the counter chosen once per op counts what the per-call lookups count, on every
-op of real training steps; torch's shape formulas called with shapes mapped here, nested values left to
-torch's own wrapper."""
+"""anatomy.hook.op_flops: the counter chosen once per op, with torch's shape formulas given the shapes
+mapped here, counts what the same formulas count through torch's own wrapper (``flops_of``), on every op
+of real training steps; nested values are left to that wrapper."""
 
 from __future__ import annotations
 
@@ -19,7 +19,7 @@ from anatomy.vocabulary import OpGroup
 
 
 class Compare(TorchDispatchMode):
-    """Counts every op both ways and keeps what each gave."""
+    """Counts every op both ways (shapes mapped here; torch's wrapper) and keeps what each gave."""
 
     def __init__(self) -> None:
         super().__init__()
