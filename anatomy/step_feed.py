@@ -2,12 +2,13 @@
 snapshot only where one is wanted. Stdlib only.
 
 An ordinary step's snapshot is the last one built in full with the step's number, time and timing (every
-other figure is the same). Making that snapshot on the training thread at every step cost ~25 µs and
-objects the garbage collector had to walk; here the training thread writes the step's numbers into
-columns allocated once (:meth:`StepFeed.put`, or the tracker's inline copy of it: no object is made), and
-a :class:`~anatomy.protocol.Snapshot` is made from a row only on demand — by the publisher's thread when
-it sends (about twice a second), by ``tracker.latest`` / ``tracker.history``. The flight recorder takes
-the rows themselves (:meth:`StepFeed.rows_since`), no snapshot per step.
+other figure is the same; a step whose forward the hook did not watch — its row's forward and backward
+NaN — shows that build's forward and backward times). Making that snapshot on the training thread at every
+step cost ~25 µs and objects the garbage collector had to walk; here the training thread writes the step's
+numbers into columns allocated once (:meth:`StepFeed.put`, or the tracker's inline copy of it: no object is
+made), and a :class:`~anatomy.protocol.Snapshot` is made from a row only on demand — by the publisher's
+thread when it sends (about twice a second), by ``tracker.latest`` / ``tracker.history``. The flight
+recorder takes the rows themselves (:meth:`StepFeed.rows_since`), no snapshot per step.
 
 One writer (the training thread), any number of readers on other threads, no lock: a row is complete
 before ``written`` counts it (a single attribute store under the GIL), and a reader that copied rows
@@ -145,11 +146,14 @@ class StepFeed:
         seq = int(row[SEQ])
         if base.seq == seq:
             return base  # built in full
+        forward_s, backward_s = _opt(row[FORWARD_S]), _opt(row[BACKWARD_S])
+        if forward_s is None and backward_s is None:  # a step whose forward ran unwatched: the split of the
+            forward_s, backward_s = base.timing.forward_s, base.timing.backward_s  # last step built in full
         timing = object.__new__(Timing)  # (frozen dataclasses: filled through their __dict__)
         timing.__dict__.update(
             step_s=_opt(row[STEP_S]),
-            forward_s=_opt(row[FORWARD_S]),
-            backward_s=_opt(row[BACKWARD_S]),
+            forward_s=forward_s,
+            backward_s=backward_s,
             optimizer_s=_opt(row[OPTIMIZER_S]),
             samples_per_s=_opt(row[SAMPLES_PER_S]),
             tokens_per_s=_opt(row[TOKENS_PER_S]),

@@ -276,8 +276,11 @@ def _plain_loop(config: Config, gate: Gate, hooked: bool) -> None:
         import anatomy
 
         tracker = anatomy.track(model, opt)
+    # The step is told its samples and tokens, as README's loop tells it (then ordinary steps leave the
+    # forward unwatched); a batch of floats has no tokens.
+    tokens = int(batch["input_ids"].numel()) if "input_ids" in batch else None
     while gate.arrive():
-        with tracker.step(samples=n) if tracker is not None else contextlib.nullcontext():
+        with tracker.step(samples=n, tokens=tokens) if tracker is not None else contextlib.nullcontext():
             _loss(model, batch).backward()
             opt.step()
             opt.zero_grad()

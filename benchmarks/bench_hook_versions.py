@@ -21,6 +21,7 @@ Usage:
   python benchmarks/bench_hook_versions.py --base 3c31d3b --models mlp,llama --depths 2,8,32 --rounds 1000
   python benchmarks/bench_hook_versions.py --base-dir /tmp/base --device cuda      # on a GPU: wall time too
   python benchmarks/bench_hook_versions.py --floor     # also hooks of the same kinds that do nothing
+  python benchmarks/bench_hook_versions.py --told      # steps told their samples and tokens (README's loop)
 """
 
 from __future__ import annotations
@@ -123,6 +124,7 @@ WORKER = r"""
 import sys, tempfile, time
 from pathlib import Path
 src, depth, kind, threads, device = sys.argv[1], int(sys.argv[2]), sys.argv[3], int(sys.argv[4]), sys.argv[5]
+told = sys.argv[6] == "told"
 if src != "-":
     sys.path.insert(0, src)
 import torch
@@ -134,6 +136,7 @@ if kind == "mlp":
         layers += [torch.nn.Linear(64, 64), torch.nn.ReLU()]
     model = torch.nn.Sequential(*layers).to(device)
     x = torch.randn(4, 64, device=device)
+    size = {"samples": 4} if told else {}  # (a batch of floats: no tokens to tell)
     def loss():
         return model(x).sum()
 else:
@@ -142,6 +145,7 @@ else:
                          num_hidden_layers=depth, vocab_size=1024)
     model = LlamaForCausalLM(config).to(device)
     ids = torch.randint(0, 1024, (4, 32), device=device)
+    size = {"samples": 4, "tokens": 4 * 32} if told else {}
     def loss():
         return model(input_ids=ids, labels=ids).loss
 opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
@@ -149,7 +153,7 @@ tracker = None
 if src == "floor":  # hooks of the kinds anatomy registers, doing nothing: what torch's dispatch costs
     from torch.optim.optimizer import register_optimizer_step_pre_hook
     class Floor:
-        def step(self):
+        def step(self, **size):
             return self
         def __enter__(self):
             self.begin_step()
@@ -179,7 +183,7 @@ for _ in sys.stdin:
     sync()  # (each round from an idle device: what the host adds is what the step waits for)
     began, wall = time.thread_time_ns(), time.perf_counter_ns()
     if tracker is not None:
-        with tracker.step():
+        with tracker.step(**size):
             loss().backward()
             opt.step()
             opt.zero_grad(set_to_none=True)
@@ -235,6 +239,7 @@ def run(
     device: str = "cpu",
     floor: bool = False,
     cpu: int | None = None,
+    told: bool = False,
 ) -> tuple[dict[str, dict[str, float]], dict[str, dict[str, float]]]:
     """Thread CPU time and wall time (to the device's end of the step) per arm: their summaries. ``cpu``:
     every worker on that one CPU (all arms under the same caches and clock; on a many-core machine the
@@ -249,9 +254,10 @@ def run(
         sources[FLOOR] = FLOOR
     arms = tuple(sources)
     pin = None if cpu is None else (lambda: os.sched_setaffinity(0, {cpu}))
+    size = "told" if told else "-"
     procs = {
         arm: subprocess.Popen(
-            [sys.executable, "-c", worker, src, str(depth), kind, str(threads), device],
+            [sys.executable, "-c", worker, src, str(depth), kind, str(threads), device, size],
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             text=True,
@@ -298,6 +304,11 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--device", default="cpu", help="cpu or cuda")
     ap.add_argument("--base-dir", type=Path, default=None, help="the base's package already exported here")
     ap.add_argument("--floor", action="store_true", help="an arm with do-nothing hooks too")
+    ap.add_argument(
+        "--told",
+        action="store_true",
+        help="every step told its samples (and tokens), as README's loop: then ordinary steps may rest",
+    )
     ap.add_argument("--cpu", type=int, default=None, help="the one CPU all workers run on (default: last)")
     ap.add_argument("--no-pin", action="store_true", help="workers where the scheduler puts them")
     return ap.parse_args(argv)
@@ -318,7 +329,7 @@ def main(argv: Sequence[str] | None = None) -> None:
         for kind in args.models.split(","):
             for depth in (int(d) for d in args.depths.split(",")):
                 cpu, wall = run(
-                    kind, depth, args.rounds, base_src, args.threads, args.device, args.floor, pin
+                    kind, depth, args.rounds, base_src, args.threads, args.device, args.floor, pin, args.told
                 )
                 label = f"{kind} {depth}"
                 clocks = [("thread CPU", cpu)] + ([("wall", wall)] if args.device != "cpu" else [])

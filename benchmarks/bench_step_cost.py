@@ -9,7 +9,10 @@ training thread's CPU time (which a loaded machine's preemptions do not inflate)
 profiler (one in ``sample_every``) are excluded: their cost is the sampled-step figure of
 ``bench_hook_overhead.py``.
 
-Usage: python benchmarks/bench_step_cost.py [--rounds 3000] [--blocks 32] [--loop micro|update]
+Each step is told its samples, as README's loop tells it (its batch has floats: no tokens), so ordinary
+steps leave the forward unwatched; ``--unsized`` tells it nothing: the forward hooks watch every step.
+
+Usage: python benchmarks/bench_step_cost.py [--rounds 3000] [--blocks 32] [--loop micro|update] [--unsized]
 ``--loop micro`` wraps each of 4 micro-batches in its own ``tracker.step()`` (accelerate's loop shape:
 three blocks in four end without an update and join the next step).
 """
@@ -41,6 +44,11 @@ def main() -> None:
     parser.add_argument("--width", type=int, default=16)
     parser.add_argument("--loop", choices=("update", "micro"), default="update")
     parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument(
+        "--unsized",
+        action="store_true",
+        help="steps not told their samples: the forward stays watched (the hook reads the batch)",
+    )
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
 
@@ -55,13 +63,14 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         tracker = anatomy.track(*arms["hooked"], directory=Path(tmp))
         micro = 4 if args.loop == "micro" else 1
+        samples = None if args.unsized else 4  # (per block: the blocks of a step add theirs up)
 
         def step(name: str, i: int) -> tuple[float, float]:
             model, opt = arms[name]
             c0 = time.thread_time()
             t0 = time.perf_counter()
             for m in range(micro):
-                ctx = tracker.step() if name == "hooked" else contextlib.nullcontext()
+                ctx = tracker.step(samples=samples) if name == "hooked" else contextlib.nullcontext()
                 with ctx:
                     model(x).square().mean().backward()
                     if m == micro - 1:
@@ -86,7 +95,9 @@ def main() -> None:
     plain, control, hooked = times["plain"], times["control"], times["hooked"]
     cost = statistics.median(h - p for h, p in zip(hooked, plain, strict=True)) * 1e6
     noise = statistics.median(c - p for c, p in zip(control, plain, strict=True)) * 1e6
-    print(f"{args.blocks}-block MLP (width {args.width}, batch 4), loop={args.loop}, {len(plain)} rounds")
+    told = "not told their samples" if args.unsized else "told their samples"
+    print(f"{args.blocks}-block MLP (width {args.width}, batch 4), loop={args.loop}, steps {told},", end=" ")
+    print(f"{len(plain)} rounds")
     for name in arms:
         print(f"  {name:8s} median step {statistics.median(times[name]) * 1e6:9.1f} µs")
     print(f"  hook cost per step: {cost:7.1f} µs   (A/A control: {noise:+.1f} µs)  wall clock")

@@ -26,6 +26,7 @@ from anatomy.hook.distributed import Buckets
 from anatomy.hook.guard import Feature
 from anatomy.hook.heap import HostHeap
 from anatomy.hook.hello import build_hello
+from anatomy.hook.lean import REST_NEVER
 from anatomy.hook.paged import paged_state_bytes
 from anatomy.hook.quantized import weight_quantization
 from anatomy.hook.record import StepRecord, Sums
@@ -74,6 +75,8 @@ class Attachment(TrackerState):
         """The forward pre/post hooks, kept out of compiled graphs once anything is compiled."""
         for h in self._handles:
             h.remove()
+        self._resting = False
+        self._rest_ok = REST_NEVER  # (until a step ends in full with these hooks: compiled now, perhaps)
         self._compile_safe = compile_in_use(self.model)
         model = self.model
         pre, post = self._out_of_compile(self._on_forward_pre), self._out_of_compile(self._on_forward_post)

@@ -37,6 +37,7 @@ class FrameworkCalls(PhaseHooks):
         the model's submodules (``self.model(...)``) rather than the model's own forward. The model's
         forward hooks inside it nest and are not counted twice. ``batch``: its first tensor gives the
         micro-batch's size."""
+        self._no_rest = True  # the framework's forward marks are the step's: the hooks watch every one
         lean = self._lean
         if lean.active and lean.stage != BEGUN:
             self._promote()
@@ -65,6 +66,7 @@ class FrameworkCalls(PhaseHooks):
     def backward_begin(self) -> None:
         """The framework's loss goes to backward (Lightning's ``on_before_backward``): its forward is done,
         also a later one of the same step that began after an optimizer step (manual optimization)."""
+        self._no_rest = True
         lean = self._lean
         if lean.active and lean.stage >= FORWARD_DONE:  # (a later forward, or a second backward)
             self._promote()

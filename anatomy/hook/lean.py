@@ -40,6 +40,10 @@ from anatomy.vocabulary import Phase
 BEGUN, IN_FORWARD, FORWARD_DONE, IN_OPTIMIZER, UPDATED = range(5)
 # The phase a step is in at each stage (BEGUN: none yet).
 PHASE_AT = (Phase.OTHER, Phase.FORWARD, Phase.BACKWARD, Phase.OPTIMIZER, Phase.OTHER)
+# What the next ordinary step may do (Tracker._rest_ok): never rest, or rest (REST: begin at FORWARD_DONE,
+# the model's forward hooks off) where it is given what the batch would otherwise tell (NEED_SAMPLES,
+# NEED_TOKENS).
+REST_NEVER, REST, NEED_SAMPLES, NEED_TOKENS = 0, 1, 2, 4
 
 
 class DeviceTimed:
@@ -77,6 +81,7 @@ class LeanStep:
         "opt_begin",
         "optimizer_post",
         "optimizer_pre",
+        "resting",
         "samples",
         "samples_seen",
         "shape",
@@ -108,6 +113,8 @@ class LeanStep:
         self.depth = 0  # the model's own forwards open inside the framework's
         self.closure = False  # the optimizer's closure was wrapped (the framework's forward runs in it)
         self.backward_ended = 0.0  # a framework's backward end (0.0: none; the optimizer's start ends it)
+        # Begun with the model's forward hooks off (FORWARD_DONE from the start, no forward times: NaN).
+        self.resting = False
 
     def learn_shape(self, shape: tuple[int, ...] | None) -> None:
         """The batch shape an ordinary step's forward may have (the one counted last)."""
@@ -147,14 +154,17 @@ class LeanStep:
         marks: list[tuple[str, object]] = [] if device is not None else rec.clock.marks
         marks.append((BEGIN, self.started))
         stage = self.stage
+        watched = not self.resting  # (a resting step's forward ran unseen: one, as the step before it)
         if stage >= IN_FORWARD:
             rec.micro = 1
             rec.samples_seen, rec.tokens_seen = self.samples_seen, self.tokens_seen
-            marks.append((FORWARD_PRE, self.forward_pre))
+            if watched:
+                marks.append((FORWARD_PRE, self.forward_pre))
             rec.in_forward = 1 + self.depth if stage == IN_FORWARD else 0
         rec.closure = False  # (a lean step's closure is wrapped in its forward, which began before it)
         if stage >= FORWARD_DONE:
-            marks.append((FORWARD_POST, self.forward_post))
+            if watched:
+                marks.append((FORWARD_POST, self.forward_post))
             if self.backward_ended:
                 marks.append((BACKWARD_END, self.backward_ended))
         if stage >= IN_OPTIMIZER:

@@ -23,7 +23,16 @@ from time import perf_counter
 from anatomy.hook.backend import CudaBackend, HeapBackend, MemoryBackend
 from anatomy.hook.distributed import communication_bytes, ddp_buckets
 from anatomy.hook.guard import Feature
-from anatomy.hook.lean import BEGUN, PHASE_AT, DeviceTimed
+from anatomy.hook.lean import (
+    BEGUN,
+    FORWARD_DONE,
+    NEED_SAMPLES,
+    NEED_TOKENS,
+    PHASE_AT,
+    REST,
+    REST_NEVER,
+    DeviceTimed,
+)
 from anatomy.hook.record import StepRecord
 from anatomy.hook.sampled import TRACE
 from anatomy.hook.schedule import HEAP, RECENT_STEPS, REFRESH, SAMPLED
@@ -32,6 +41,7 @@ from anatomy.hook.split import explained_after_optimizer, held_after_optimizer, 
 from anatomy.hook.timing import (
     BEGIN,
     END,
+    FORWARD_PRE,
     StepClock,
     durations_from_marks,
 )
@@ -42,6 +52,9 @@ _NAN = math.nan
 # An ordinary step begins and ends in O(1) (on a LeanStep); off, every step goes the full way — what the
 # tests compare the O(1) path with.
 ORDINARY_IN_O1 = True
+# Ordinary steps may run with the model's forward hooks off (off: they always watch the forward) — what the
+# tests compare resting steps with.
+REST_ON = True
 
 
 class OrdinarySteps(StepSnapshots):
@@ -77,8 +90,28 @@ class OrdinarySteps(StepSnapshots):
                         device.mark(BEGIN)
                     else:
                         lean.clock = None
-                    lean.started = perf_counter()
+                    t = lean.started = perf_counter()
+                    rest = self._rest_ok
+                    if (rest & NEED_SAMPLES and samples is None) or (rest & NEED_TOKENS and tokens is None):
+                        rest = REST_NEVER
+                    if rest and t < self._rest_before:
+                        # The forward runs unwatched: no forward hook of ours (torch's dispatch of one
+                        # costs more than all the rest of the step's hook), the registration watch at rest
+                        # until the step ends; its samples and tokens are the step's own.
+                        if not self._resting:
+                            self._hooks_off()
+                        lean.resting = True
+                        lean.stage = FORWARD_DONE
+                        lean.forward_pre = lean.forward_post = _NAN
+                        lean.samples_seen = lean.tokens_seen = 0
+                        regs = self._model_watch.registrations
+                        if regs is not None:
+                            regs.pop(self._model_watch.key, None)  # (ModelWatch.pause, written out)
+                    else:
+                        lean.resting = False
                     return
+            if self._resting:  # a step the hooks watch in full: its forward too
+                self._hooks_on()
             off = self._guard.off
             sched = self._schedule
             if self._model_changed(index, quiet):  # a new head, an untied embedding, .to(): all sums anew
@@ -192,10 +225,48 @@ class OrdinarySteps(StepSnapshots):
         )
         self._lean_on_device = on_device
         self._lean_check = cuda.lean_steady if cuda is not None else None
+        self._rest_ok = self._rest_kind(rec) if exc is None else REST_NEVER
         shape = self._schedule.input_shape if self._batch_shape is not None else None
         if shape != self._lean.shape:  # the batch shape an ordinary step's forward may have
             self._lean.learn_shape(shape)
             self._lean_other.learn_shape(shape)
+
+    def _rest_kind(self, rec: StepRecord) -> int:
+        """May the next ordinary steps run with the model's forward hooks off, after ``rec`` ended in full?
+        Only on the host clock, in a loop that marks its steps and whose tracked optimizer's hooks mark the
+        update, nothing compiled, no framework marking the forward, and ``rec`` the usual step: one forward,
+        watched, one update, no closure. A resting step's samples and tokens come from the step or the
+        tracker's defaults, never from the batch (a batch of another shape would go unseen): the step must
+        be given what no default names — its tokens too, unless ``rec``'s batch had none (floats, or one
+        dimension: none whatever its shape)."""
+        if not (self._plain_ok and self._explicit and self._opt_handles and self._handles) or self._no_rest:
+            return REST_NEVER
+        if self._lean_on_device or self._compile_safe or not REST_ON:
+            return REST_NEVER
+        if rec.blocks != 1 or rec.micro != 1 or not rec.updated or rec.closure:
+            return REST_NEVER
+        if not any(kind == FORWARD_PRE for kind, _ in rec.clock.marks):
+            return REST_NEVER  # (its forward went unwatched and it did not end as usual: the next one looks)
+        throughput = self._throughput
+        rest = REST
+        if throughput.default_samples is None:
+            rest |= NEED_SAMPLES
+        no_tokens = rec.tokens is None and rec.samples_seen > 0 and rec.tokens_seen == 0
+        if throughput.default_tokens is None and not no_tokens:
+            rest |= NEED_TOKENS
+        return rest
+
+    def _hooks_off(self) -> None:
+        """The model's forward hooks rest (removed: torch's module call takes its fast path again)."""
+        for handle in self._handles:
+            handle.remove()
+        self._resting = True
+
+    def _hooks_on(self) -> None:
+        """The model's forward hooks back, for a step watched in full (or the rest of one that stopped
+        being ordinary)."""
+        with self._guard(Feature.FORWARD):
+            self._register_model_hooks()
 
     def _charge(self, rec: StepRecord, memory: MemoryBackend | None) -> None:
         """What this step's optional work cost, to the schedule's budget."""
@@ -335,6 +406,10 @@ class OrdinarySteps(StepSnapshots):
         sums = self._sums
         rec = lean.record(self._spare, sums.gradients, sums.optimizer_states)
         lean.active = False
+        if lean.resting:  # the rest of the step goes on watched
+            lean.resting = False
+            self._model_watch.resume()
+            self._hooks_on()
         if lean.clock is None:
             self._spare = None
         memory = self._memory

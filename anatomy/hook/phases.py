@@ -245,6 +245,8 @@ class PhaseHooks(CountingWindow):
                 if wrapped is not None:
                     lean.closure = True
                     return wrapped
+            elif lean.resting:
+                lean.stage = BEGUN  # (an unwatched step's forward is the closure's, to come)
             self._promote()
         wrapped = None
         if kwargs or len(args) > 1:  # (a plain ``step()`` gets only the optimizer: nothing to look at)

@@ -180,6 +180,7 @@ class Tracker(OrdinarySteps):
         self._batch_shape = self._target_shape = None
         self._context: StepContext[Tracker] = StepContext(self, None, None)  # what step() returns, reused
         self._plain_ok = self._lean_on_device = False
+        self._rest_ok, self._resting, self._no_rest, self._rest_before = 0, False, False, 0.0
         self._lean_check = None
         self._episode, self._plan, self._blocks, self._per_piece, self._traced_best = [], None, [], {}, None
         self._spare = None
@@ -296,6 +297,8 @@ class Tracker(OrdinarySteps):
                         lean.active = False
                         lean.ended = t
                         self._finished_lean = True
+                        if lean.resting:  # (the registration watch rested through the step)
+                            self._model_watch.resume()
                         return
                 except Exception as error:
                     self._guard.fail(Feature.STEP, error)

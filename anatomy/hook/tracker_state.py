@@ -110,6 +110,12 @@ class TrackerState:
     _lean_on_device: bool  # ordinary steps record CUDA events beside their host times
     _clock_ring: ClockRing  # their clocks, made once and used again
     _lean_check: Callable[[], bool] | None  # an ordinary step's one allocator read, at its end (CUDA)
+    # Whether an ordinary step may run with the model's forward hooks off (anatomy.hook.ordinary's REST
+    # flags: never, or where it is given its samples, its tokens), as of the last step ended in full.
+    _rest_ok: int
+    _resting: bool  # the model's forward hooks are off now (between looks)
+    _no_rest: bool  # a framework marks the forward (Lightning's calls): the hooks never rest
+    _rest_before: float  # the clock before which a resting step still ends in O(1) (no rebuild due)
     # -- sampled steps (anatomy.hook.sampled)
     _episode: list[str]  # the instruments still to run in the sampled episode in progress, in order
     _plan: PiecePlan | None  # the pieces of the instrument running, in a stack of blocks

@@ -42,7 +42,8 @@ def test_smallest_configuration_prints_every_figure() -> None:
     lines = proc.stdout.splitlines()
     assert len(lines) == 6, proc.stdout
     # (none of the measured rounds is a sampled step: all of them count)
-    assert lines[0] == f"2-block MLP (width 16, batch 4), loop={loop}, {ROUNDS} rounds"
+    head = f"2-block MLP (width 16, batch 4), loop={loop}, steps told their samples, {ROUNDS} rounds"
+    assert lines[0] == head
     for line, arm in zip(lines[1:4], ("plain", "control", "hooked"), strict=True):
         found = re.fullmatch(rf"  {arm} +median step +{NUMBER} µs", line)
         assert found, line

@@ -134,7 +134,7 @@ def test_the_recorders_rows_are_the_rows_it_wrote_before() -> None:
     feed = StepFeed()
     base = _built(0, seq=1, peak=None)
     feed.put_built(base)
-    feed.put(base, 2, 1234.56789, 1, Timing(step_s=0.0123456789, samples_per_s=None))
+    feed.put(base, 2, 1234.56789, 1, Timing(step_s=0.0123456789, backward_s=0.002, samples_per_s=None))
     feed.put(base, 3, 1235.5, 2, _timing(1 / 3))
     feed.put(base, 4, 1236.0, 3, _timing(1e-6))
     got, _ = feed.rows_since(0)
@@ -147,7 +147,7 @@ def test_the_recorders_rows_are_the_rows_it_wrote_before() -> None:
     assert ours["rows"][1][:3] == [1, 1234.568, 0.0123457] and ours["rows"][1][3] is None
     assert ours["rows"][1][7] is None and ours["rows"][3][2] == 1e-06
     assert list(columns[0]) == [0, 1, 2, 3] and list(columns[3]) == [-1] * 4 and list(columns[8]) == [1] * 4
-    assert math.isnan(columns[5][1]) and columns[2][1] == 0.0123457  # NaN kept in the float column
+    assert math.isnan(columns[4][1]) and columns[2][1] == 0.0123457  # NaN kept in the float column
 
 
 def test_a_recorder_following_a_feed_writes_every_row_once(tmp_path: Path) -> None:
@@ -173,3 +173,22 @@ def test_a_recorder_following_a_feed_writes_every_row_once(tmp_path: Path) -> No
     assert [r.step for r in run.rows] == list(range(50))
     assert all(r.peak_bytes == 1000 and r.n == 1 for r in run.rows)
     assert run.snapshots[-1].step == 49 and run.ended == "finished"
+
+
+def test_a_row_without_a_forward_split_shows_the_last_builds_and_the_record_keeps_it_unmeasured() -> None:
+    """A step whose forward ran unwatched (the hook's forward hooks resting) has neither a forward nor a
+    backward time: its snapshot shows those of the step built last, the record keeps null. A row with one of
+    the two keeps its own."""
+    feed = StepFeed()
+    base = _built(0, seq=1)
+    feed.put_built(base)
+    feed.put(base, 2, 101.0, 1, Timing(step_s=0.25, optimizer_s=0.05, samples_per_s=32.0))
+    feed.put(base, 3, 102.0, 2, Timing(step_s=0.25, backward_s=0.125))
+    unwatched, own = feed.snapshot(1), feed.snapshot(2)
+    assert unwatched is not None and own is not None
+    assert unwatched.timing == Timing(step_s=0.25, forward_s=0.1, optimizer_s=0.05, samples_per_s=32.0)
+    assert own.timing == Timing(step_s=0.25, backward_s=0.125)
+    got, _ = feed.rows_since(0)
+    _, line = feed_rows(got)
+    rows = json.loads(line)["rows"]
+    assert rows[1][4:6] == [None, None] and rows[2][4:6] == [None, 0.125]
