@@ -90,11 +90,11 @@ class OrdinarySteps(StepSnapshots):
                         device.mark(BEGIN)
                     else:
                         lean.clock = None
-                    t = lean.started = perf_counter()
+                    lean.started = perf_counter()
                     rest = self._rest_ok
                     if (rest & NEED_SAMPLES and samples is None) or (rest & NEED_TOKENS and tokens is None):
                         rest = REST_NEVER
-                    if rest and t < self._rest_before:
+                    if rest:
                         # The forward runs unwatched: no forward hook of ours (torch's dispatch of one
                         # costs more than all the rest of the step's hook), the registration watch at rest
                         # until the step ends; its samples and tokens are the step's own.
@@ -109,6 +109,8 @@ class OrdinarySteps(StepSnapshots):
                             regs.pop(self._model_watch.key, None)  # (ModelWatch.pause, written out)
                     else:
                         lean.resting = False
+                        if self._resting:  # (this step watches its forward: the hooks back)
+                            self._hooks_on()
                     return
             if self._resting:  # a step the hooks watch in full: its forward too
                 self._hooks_on()
@@ -332,13 +334,16 @@ class OrdinarySteps(StepSnapshots):
         backward_s: float,
         optimizer_s: float,
         device: StepClock | None = None,
+        resting: bool = False,
     ) -> bool:
         """An ordinary step ends in O(1): its numbers go to the step feed as a row (the snapshot the last
         one built, with this step's number, time and timing, is made from it only where it is wanted).
         Only where every other figure would come out the same as the last build's — the same
         micro-batches, batch size and gradients at its start, no new error, no change waiting to be
         published; False: the step ends the full way (nothing done here). ``samples`` and ``tokens`` as the
-        step was told them (None: the tracker's defaults, else what its forwards saw)."""
+        step was told them (None: the tracker's defaults, else what its forwards saw). ``resting``: its
+        forward ran unwatched — a rebuild due by the clock waits for the next step that looks, whose build
+        has forward and backward times to show."""
         if samples is None:
             samples = self._throughput.default_samples
             if samples is None:
@@ -351,8 +356,10 @@ class OrdinarySteps(StepSnapshots):
             return False
         if grads_begin != self._base_grads_begin or self._guard.version != self._built_errors:
             return False
-        if samples != self._base_samples or t - self._last_built >= self._rebuild_after_s:
+        if samples != self._base_samples:
             return False
+        if not resting and t - self._last_built >= self._rebuild_after_s:
+            return False  # (a resting step leaves the rebuild to the next look: it has no forward times)
         self._steps_done = index + 1
         step_s = t - started
         sched = self._schedule

@@ -40,9 +40,6 @@ from anatomy.vocabulary import MemorySource
 
 log = logging.getLogger("anatomy")
 _NAN = math.nan
-# A resting step (its forward unwatched) begins only this share of the rebuild interval after a build: the
-# build due after it falls on a step that watched its forward, so the snapshot it makes has the split.
-REST_SHARE = 0.8
 
 
 class StepSnapshots(FrameworkCalls):
@@ -130,8 +127,6 @@ class StepSnapshots(FrameworkCalls):
         if oom is None:
             self._latest = snap
             self._last_built = perf_counter()
-            # (a resting step begun later would end the full way, unwatched: it watches its forward)
-            self._rest_before = self._last_built + REST_SHARE * self._rebuild_after_s
             self._built_errors = self._guard.version
             self._built_stamp = built_stamp
             # What an ordinary step compares with to be this snapshot repeated (Tracker._end_plain).

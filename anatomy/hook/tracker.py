@@ -180,7 +180,7 @@ class Tracker(OrdinarySteps):
         self._batch_shape = self._target_shape = None
         self._context: StepContext[Tracker] = StepContext(self, None, None)  # what step() returns, reused
         self._plain_ok = self._lean_on_device = False
-        self._rest_ok, self._resting, self._no_rest, self._rest_before = 0, False, False, 0.0
+        self._rest_ok, self._resting, self._no_rest = 0, False, False
         self._lean_check = None
         self._episode, self._plan, self._blocks, self._per_piece, self._traced_best = [], None, [], {}, None
         self._spare = None
@@ -293,6 +293,7 @@ class Tracker(OrdinarySteps):
                         bend - fpost,
                         lean.optimizer_post - opre,
                         lean.clock,
+                        lean.resting,
                     ):
                         lean.active = False
                         lean.ended = t

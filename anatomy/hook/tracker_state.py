@@ -115,7 +115,6 @@ class TrackerState:
     _rest_ok: int
     _resting: bool  # the model's forward hooks are off now (between looks)
     _no_rest: bool  # a framework marks the forward (Lightning's calls): the hooks never rest
-    _rest_before: float  # the clock before which a resting step still ends in O(1) (no rebuild due)
     # -- sampled steps (anatomy.hook.sampled)
     _episode: list[str]  # the instruments still to run in the sampled episode in progress, in order
     _plan: PiecePlan | None  # the pieces of the instrument running, in a stack of blocks

@@ -8,6 +8,7 @@ from __future__ import annotations
 import collections
 import dataclasses
 import sys
+import time
 from typing import Any
 
 import pytest
@@ -16,20 +17,14 @@ import torch
 import anatomy
 from anatomy.hook import ordinary
 from anatomy.vocabulary import Component
-
-# What differs between two runs of the same steps anyway (tests/hook/test_lean_steps.py's list).
-_PER_RUN = (
-    "seq",
-    "time",
-    "timing",
-    "suggestions",
-    "achieved_tflops",
-    "mfu",
-    "peak_bytes",
-    "peak_phase",
-    "at_peak",
+from tests.hook.test_lean_steps import (
+    _PER_RUN,
+    _TENSOR_SUMS,
+    _closure,
+    _mlp,
+    _no_grad_forward_first,
+    _usual,
 )
-_TENSOR_SUMS = (Component.WEIGHTS, Component.GRADIENTS, Component.OPTIMIZER_STATES, Component.ACTIVATIONS)
 
 
 @pytest.fixture(autouse=True)
@@ -39,18 +34,6 @@ def _nothing_compiled(monkeypatch: pytest.MonkeyPatch) -> None:
     dynamo = sys.modules.get("torch._dynamo")
     if dynamo is not None:
         monkeypatch.setattr(dynamo.utils, "counters", collections.defaultdict(collections.Counter))
-
-
-def _mlp() -> tuple[torch.nn.Module, torch.optim.Optimizer]:
-    torch.manual_seed(0)
-    model = torch.nn.Sequential(torch.nn.Linear(16, 16), torch.nn.ReLU(), torch.nn.Linear(16, 1))
-    return model, torch.optim.SGD(model.parameters(), lr=1e-3)
-
-
-def _usual(model: torch.nn.Module, opt: torch.optim.Optimizer, x: torch.Tensor) -> None:
-    model(x).sum().backward()
-    opt.step()
-    opt.zero_grad()
 
 
 def _watched(model: torch.nn.Module) -> bool:
@@ -105,16 +88,9 @@ def _special_steps(model: torch.nn.Module, opt: torch.optim.Optimizer, tracker: 
     resting step does not see: the next look does), each given its samples."""
     x = torch.randn(8, 16)
 
-    def closure() -> torch.Tensor:
-        opt.zero_grad()
-        loss = model(x).sum()
-        loss.backward()
-        return loss
-
     def with_closure() -> None:
         with tracker.step(samples=8):
-            opt.step(closure)
-            opt.zero_grad()
+            _closure(model, opt, x)
 
     def backward_end() -> None:
         with tracker.step(samples=8):
@@ -151,11 +127,14 @@ def _special_steps(model: torch.nn.Module, opt: torch.optim.Optimizer, tracker: 
 
     def no_grad_first() -> None:
         with tracker.step(samples=8):
-            with torch.no_grad():
-                model(x)  # a look at the model (a teacher's, an evaluation): not the step's forward
+            _no_grad_forward_first(model, opt, x)
+
+    def unsized() -> None:
+        with tracker.step():  # not told its samples: this one watches its forward
             _usual(model, opt, x)
 
     return {
+        "unsized": unsized,
         "closure": with_closure,
         "backward_end": backward_end,
         "no_update": no_update,
@@ -195,7 +174,8 @@ def _run(
 
 
 @pytest.mark.parametrize(
-    "special", ["closure", "backward_end", "no_update", "raising", "by_hand", "trainer", "no_grad_first"]
+    "special",
+    ["unsized", "closure", "backward_end", "no_update", "raising", "by_hand", "trainer", "no_grad_first"],
 )
 def test_a_resting_step_of_any_kind_comes_out_as_a_watched_one(
     special: str, monkeypatch: pytest.MonkeyPatch
@@ -280,3 +260,22 @@ def test_once_anything_is_compiled_the_forward_stays_watched() -> None:
             _usual(model, opt, x)
     tracker.close()
     assert not any(watched[3:6]) and all(watched[6:]), watched
+
+
+def test_a_rebuild_due_while_resting_waits_for_a_look_and_every_snapshot_has_the_split() -> None:
+    """A snapshot is built anew at least every few publish intervals; a resting step has no forward times
+    to build with, so the rebuild waits for the next step that looks."""
+    model, opt = _mlp()
+    tracker = anatomy.track(model, opt, publish=False, sample_every=0, interval_s=0.01)
+    x = torch.randn(8, 16)
+    watched: list[bool] = []
+    deadline = time.perf_counter() + 0.5  # (50 publish intervals: several rebuilds due)
+    while time.perf_counter() < deadline:
+        with tracker.step(samples=8):
+            watched.append(_watched(model))
+            _usual(model, opt, x)
+            time.sleep(0.0005)
+    history = list(tracker.history)
+    tracker.close()
+    assert len(history) >= 40 and sum(not w for w in watched) >= 10, watched
+    assert all(s.timing.forward_s is not None and s.timing.backward_s is not None for s in history[1:])
