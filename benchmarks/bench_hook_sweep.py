@@ -19,9 +19,10 @@ hooked worker waits for its turn, where in a real run it would take the GIL from
 the whole process's CPU time, every thread, is printed too.
 
 A step's time is what a user's own timer sees: from the worker's release to the point where the next step
-would begin — around ``with tracker.step()`` for the plain loop; for the Hugging Face Trainer and Lightning,
-from one ``on_step_begin`` / ``on_train_batch_start`` (a callback placed before anatomy's) to the next, so
-everything the loop and the callbacks do between steps is in it.
+would begin — around ``with tracker.step(samples=..., tokens=...)`` for the plain loop (told its batch as
+README's loop is: its ordinary steps then leave the forward unwatched); for the Hugging Face Trainer and
+Lightning, from one ``on_step_begin`` / ``on_train_batch_start`` (a callback placed before anatomy's) to the
+next, so everything the loop and the callbacks do between steps is in it.
 
 Printed per configuration, and as JSON with ``--json``:
 
