@@ -3,8 +3,9 @@ snapshot only where one is wanted. Stdlib only.
 
 An ordinary step's snapshot is the last one built in full with the step's number, time and timing (every
 other figure is the same; a step whose forward the hook did not watch — its row's forward and backward
-NaN — shows that build's forward and backward times). Making that snapshot on the training thread at every
-step cost ~25 µs and objects the garbage collector had to walk; here the training thread writes the step's
+NaN — shows that build's forward and backward times, scaled to its own time outside the optimizer).
+Making that snapshot on the training thread at every step cost ~25 µs and objects the garbage collector had
+to walk; here the training thread writes the step's
 numbers into columns allocated once (:meth:`StepFeed.put`, or the tracker's inline copy of it: no object is
 made), and a :class:`~anatomy.protocol.Snapshot` is made from a row only on demand — by the publisher's
 thread when it sends (about twice a second), by ``tracker.latest`` / ``tracker.history``. The flight
@@ -40,6 +41,20 @@ def _value(x: float | None) -> float:
 
 def _opt(x: float) -> float | None:
     return None if x != x else x  # NaN: not measured
+
+
+def _built_split(built: Timing, step_s: float | None, optimizer_s: float | None) -> tuple[float | None, ...]:
+    """The forward and backward of a step that did not time them: the built step's, scaled by the two
+    steps' time outside the optimizer — so that with this step's own optimizer time they never add up to
+    more than its step (the built step was one that looked, its forward slower for it)."""
+    forward_s, backward_s = built.forward_s, built.backward_s
+    if forward_s is None or backward_s is None or step_s is None or built.step_s is None:
+        return forward_s, backward_s
+    rest, built_rest = step_s - (optimizer_s or 0.0), built.step_s - (built.optimizer_s or 0.0)
+    if rest <= 0.0 or built_rest <= 0.0:
+        return forward_s, backward_s
+    scale = rest / built_rest
+    return forward_s * scale, backward_s * scale
 
 
 @dataclass(frozen=True, slots=True)
@@ -146,15 +161,16 @@ class StepFeed:
         seq = int(row[SEQ])
         if base.seq == seq:
             return base  # built in full
+        step_s, optimizer_s = _opt(row[STEP_S]), _opt(row[OPTIMIZER_S])
         forward_s, backward_s = _opt(row[FORWARD_S]), _opt(row[BACKWARD_S])
-        if forward_s is None and backward_s is None:  # a step whose forward ran unwatched: the split of the
-            forward_s, backward_s = base.timing.forward_s, base.timing.backward_s  # last step built in full
+        if forward_s is None and backward_s is None:  # a step whose forward ran unwatched
+            forward_s, backward_s = _built_split(base.timing, step_s, optimizer_s)
         timing = object.__new__(Timing)  # (frozen dataclasses: filled through their __dict__)
         timing.__dict__.update(
-            step_s=_opt(row[STEP_S]),
+            step_s=step_s,
             forward_s=forward_s,
             backward_s=backward_s,
-            optimizer_s=_opt(row[OPTIMIZER_S]),
+            optimizer_s=optimizer_s,
             samples_per_s=_opt(row[SAMPLES_PER_S]),
             tokens_per_s=_opt(row[TOKENS_PER_S]),
         )

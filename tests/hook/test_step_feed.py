@@ -192,3 +192,19 @@ def test_a_row_without_a_forward_split_shows_the_last_builds_and_the_record_keep
     _, line = feed_rows(got)
     rows = json.loads(line)["rows"]
     assert rows[1][4:6] == [None, None] and rows[2][4:6] == [None, 0.125]
+
+
+def test_an_unwatched_steps_split_is_the_builds_scaled_to_its_time_outside_the_optimizer() -> None:
+    """The build was a step that looked (its forward slower for it): its forward and backward take this
+    step's share outside the optimizer in the same proportion, so the three never exceed the step."""
+    feed = StepFeed()
+    base = dataclasses.replace(
+        _built(0, seq=1), timing=Timing(step_s=0.5, forward_s=0.1, backward_s=0.2, optimizer_s=0.1)
+    )
+    feed.put_built(base)
+    feed.put(base, 2, 101.0, 1, Timing(step_s=0.3, optimizer_s=0.1))
+    snap = feed.snapshot(1)
+    assert snap is not None and snap.timing.forward_s is not None and snap.timing.backward_s is not None
+    # outside the optimizer: 0.2 s here against 0.4 s in the build
+    assert snap.timing.forward_s == pytest.approx(0.05) and snap.timing.backward_s == pytest.approx(0.1)
+    assert snap.timing.forward_s + snap.timing.backward_s + 0.1 <= 0.3 + 1e-12
