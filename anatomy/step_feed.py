@@ -43,18 +43,28 @@ def _opt(x: float) -> float | None:
     return None if x != x else x  # NaN: not measured
 
 
-def _built_split(built: Timing, step_s: float | None, optimizer_s: float | None) -> tuple[float | None, ...]:
-    """The forward and backward of a step that did not time them: the built step's, scaled by the two
-    steps' time outside the optimizer — so that with this step's own optimizer time they never add up to
-    more than its step (the built step was one that looked, its forward slower for it)."""
+def _built_split(
+    built: Timing, step_s: float | None, optimizer_s: float | None
+) -> tuple[float | None, float | None, float | None]:
+    """The forward, backward and optimizer times of a step that did not time its forward and backward: the
+    built step's, scaled by the two steps' time outside the optimizer — so that with this step's own
+    optimizer time they never add up to more than its step (the built step was one that looked, its forward
+    slower for it). A step that did not time its optimizer either (a resting step's update): all three the
+    built step's, scaled by the two steps' times."""
     forward_s, backward_s = built.forward_s, built.backward_s
     if forward_s is None or backward_s is None or step_s is None or built.step_s is None:
-        return forward_s, backward_s
-    rest, built_rest = step_s - (optimizer_s or 0.0), built.step_s - (built.optimizer_s or 0.0)
+        return forward_s, backward_s, optimizer_s
+    if optimizer_s is None:
+        if built.step_s <= 0.0:
+            return forward_s, backward_s, built.optimizer_s
+        scale = step_s / built.step_s
+        opt = None if built.optimizer_s is None else built.optimizer_s * scale
+        return forward_s * scale, backward_s * scale, opt
+    rest, built_rest = step_s - optimizer_s, built.step_s - (built.optimizer_s or 0.0)
     if rest <= 0.0 or built_rest <= 0.0:
-        return forward_s, backward_s
+        return forward_s, backward_s, optimizer_s
     scale = rest / built_rest
-    return forward_s * scale, backward_s * scale
+    return forward_s * scale, backward_s * scale, optimizer_s
 
 
 @dataclass(frozen=True, slots=True)
@@ -164,7 +174,7 @@ class StepFeed:
         step_s, optimizer_s = _opt(row[STEP_S]), _opt(row[OPTIMIZER_S])
         forward_s, backward_s = _opt(row[FORWARD_S]), _opt(row[BACKWARD_S])
         if forward_s is None and backward_s is None:  # a step whose forward ran unwatched
-            forward_s, backward_s = _built_split(base.timing, step_s, optimizer_s)
+            forward_s, backward_s, optimizer_s = _built_split(base.timing, step_s, optimizer_s)
         timing = object.__new__(Timing)  # (frozen dataclasses: filled through their __dict__)
         timing.__dict__.update(
             step_s=step_s,

@@ -26,7 +26,6 @@ from anatomy.hook.distributed import Buckets
 from anatomy.hook.guard import Feature
 from anatomy.hook.heap import HostHeap
 from anatomy.hook.hello import build_hello
-from anatomy.hook.lean import REST_NEVER
 from anatomy.hook.paged import paged_state_bytes
 from anatomy.hook.quantized import weight_quantization
 from anatomy.hook.record import StepRecord, Sums
@@ -56,6 +55,7 @@ class Attachment(TrackerState):
         self._probe_ptr = 0
         self._probe_data = None
         self._model_watch = ModelWatch(model)
+        self._model_watch.on_suspect = self._gate.close  # (a registration on the model: the next step looks)
         self._optimizer_watch = OptimizerWatch(
             self.attach_optimizer, lambda exc: self._guard.fail(Feature.OPTIMIZER, exc)
         )
@@ -76,7 +76,7 @@ class Attachment(TrackerState):
         for h in self._handles:
             h.remove()
         self._resting = False
-        self._rest_ok = REST_NEVER  # (until a step ends in full with these hooks: compiled now, perhaps)
+        self._gate.close()  # (until a step ends in full with these hooks: compiled now, perhaps)
         self._compile_safe = compile_in_use(self.model)
         model = self.model
         pre, post = self._out_of_compile(self._on_forward_pre), self._out_of_compile(self._on_forward_post)
@@ -186,6 +186,7 @@ class Attachment(TrackerState):
             self._optimizer_watch.extra = weakref.WeakSet(self._optimizers()[1:])
             self._register_optimizer_hooks()
             self._forced_refresh = self._step.index if self._step is not None else self._steps_done
+            self._gate.close()
 
     def set_precision(self, precision: Precision | None = None, *, grad_scaler: bool | None = None) -> None:
         """Tell the tracker what it cannot see (e.g. the Trainer's fp16/bf16 flags)."""
@@ -197,6 +198,7 @@ class Attachment(TrackerState):
 
     def _hello_changed(self) -> None:
         """Rebuilt on next use; a running publisher gets it with the next snapshot."""
+        self._gate.close()  # (a resting step ends as the last build: not with a set-up changed)
         self._hello = None
         self._hello_stale = True
 
@@ -398,8 +400,7 @@ class Attachment(TrackerState):
         cached = self._expected
         if cached is None or cached[0] != (precision, kind, fraction, quantized):
             table = {
-                c: expected_bytes_per_param(c, precision, kind, fraction, quantized)
-                for c in MODEL_COMPONENTS
+                c: expected_bytes_per_param(c, precision, kind, fraction, quantized) for c in MODEL_COMPONENTS
             }
             cached = self._expected = ((precision, kind, fraction, quantized), table)
         zero = self._zero

@@ -22,6 +22,7 @@ from torch.nn.modules.module import (
     register_module_module_registration_hook,
     register_module_parameter_registration_hook,
 )
+from torch.optim import optimizer as torch_optimizer
 from torch.optim.optimizer import register_optimizer_step_pre_hook
 
 from anatomy.hook.tensors import storage_key, unwrap_optimizer
@@ -59,6 +60,7 @@ class ModelWatch:
         self.signature: Signature = ()
         self.suspect = False
         self.closed = False
+        self.on_suspect: Callable[[], None] | None = None  # told when ``suspect`` is set
         module_handle = register_module_module_registration_hook(self._registered)
         self._handles = [register_module_parameter_registration_hook(self._registered), module_handle]
         # Where torch keeps the module registration hooks, our key and hook in it (None: not where this
@@ -80,6 +82,8 @@ class ModelWatch:
     def _registered(self, module: torch.nn.Module, name: str, value: Any) -> None:
         if id(module) in self._module_ids:
             self.suspect = True  # returning None: the registration goes on unchanged
+            if self.on_suspect is not None:
+                self.on_suspect()
 
     def remember(self, modules: Iterable[torch.nn.Module], params: Iterable[torch.Tensor]) -> None:
         """The model as it is now: its ``modules()`` and ``parameters()``."""
@@ -123,6 +127,20 @@ class OptimizerWatch:
         self._rest: weakref.WeakSet[Any] = weakref.WeakSet()
         self._on_step: Callable[[Any, Any, Any], Any] | None = None
         self._handle = register_optimizer_step_pre_hook(self._stepping)
+        self._paused: Any = None  # the hook taken out of torch's dict while steps rest (pause/resume)
+
+    def pause(self) -> None:
+        """Out of torch's global step pre-hooks while steps rest (an optimizer that steps meanwhile is
+        found at the next step that looks)."""
+        hooks = torch_optimizer._global_optimizer_pre_hooks
+        hook = hooks.pop(self._handle.id, None)
+        if hook is not None:
+            self._paused = hook
+
+    def resume(self) -> None:
+        hook, self._paused = self._paused, None
+        if hook is not None:
+            torch_optimizer._global_optimizer_pre_hooks[self._handle.id] = hook
 
     def step_through(self, optimizers: list[Any], on_step: Callable[[Any, Any, Any], Any] | None) -> None:
         """Call ``on_step`` (a step pre-hook: what it returns, torch takes) where one of ``optimizers``
@@ -133,6 +151,7 @@ class OptimizerWatch:
 
     def keep_out(self, wrap: Callable[[Any], Any]) -> None:
         """Register the hook again, wrapped (``outside_compile``)."""
+        self._paused = None
         self._handle.remove()
         self._handle = register_optimizer_step_pre_hook(wrap(self._stepping))
 
@@ -166,4 +185,5 @@ class OptimizerWatch:
         return None
 
     def close(self) -> None:
+        self._paused = None
         self._handle.remove()

@@ -38,6 +38,7 @@ class FrameworkCalls(PhaseHooks):
         forward hooks inside it nest and are not counted twice. ``batch``: its first tensor gives the
         micro-batch's size."""
         self._no_rest = True  # the framework's forward marks are the step's: the hooks watch every one
+        self._gate.close()
         lean = self._lean
         if lean.active and lean.stage != BEGUN:
             self._promote()
@@ -67,6 +68,7 @@ class FrameworkCalls(PhaseHooks):
         """The framework's loss goes to backward (Lightning's ``on_before_backward``): its forward is done,
         also a later one of the same step that began after an optimizer step (manual optimization)."""
         self._no_rest = True
+        self._gate.close()
         lean = self._lean
         if lean.active and lean.stage >= FORWARD_DONE:  # (a later forward, or a second backward)
             self._promote()

@@ -76,6 +76,7 @@ class Guard:
         self.off: set[Feature] = set()
         self._sections = {f: _Section(self, f) for f in Feature}
         self.version = 0  # counts changes to what is off and why (a snapshot's error text)
+        self.listeners: list[Callable[[], None]] = []  # told of every change (the tracker's rest gate)
 
     def __call__(self, feature: Feature) -> _Section:
         return self._sections[feature]
@@ -101,6 +102,8 @@ class Guard:
         """Log once per feature, remember why, and stop measuring it."""
         self.off.add(feature)
         self.version += 1
+        for listener in self.listeners:
+            listener()
         if feature in self._errors:
             return
         text = f"{feature.value}: {type(exc).__name__}: {exc}"
@@ -118,6 +121,8 @@ class Guard:
         snapshot's error text."""
         self.off.add(feature)
         self.version += 1
+        for listener in self.listeners:
+            listener()
         if reason is not None:
             self._errors.setdefault(feature, f"{feature.value}: {reason}"[:MAX_TEXT])
 

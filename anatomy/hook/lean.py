@@ -91,6 +91,7 @@ class LeanStep:
         "started",
         "tokens",
         "tokens_seen",
+        "version",
     )
 
     def __init__(self) -> None:
@@ -115,6 +116,9 @@ class LeanStep:
         self.backward_ended = 0.0  # a framework's backward end (0.0: none; the optimizer's start ends it)
         # Begun with the model's forward hooks off (FORWARD_DONE from the start, no forward times: NaN).
         self.resting = False
+        # A resting step's probe parameter's version counter at its start (its update moves it: no
+        # optimizer hook of ours runs on a resting step).
+        self.version = 0
 
     def learn_shape(self, shape: tuple[int, ...] | None) -> None:
         """The batch shape an ordinary step's forward may have (the one counted last)."""
@@ -145,6 +149,7 @@ class LeanStep:
             rec.optimizer_ran = rec.in_optimizer = rec.updated = rec.suspended = False
             rec.recall = rec.counting = rec.window = rec.closure = False
             rec.blocks = 1
+            rec.version = -1
             rec.clock.marks.clear()
         else:
             rec = StepRecord(index, auto, samples, tokens, StepClock(False))
@@ -171,11 +176,13 @@ class LeanStep:
             rec.optimizer_ran = True
             rec.in_optimizer = stage == IN_OPTIMIZER
             rec.grads = gradients
-            marks.append((OPTIMIZER_PRE, self.optimizer_pre))
+            if self.optimizer_pre == self.optimizer_pre:  # (NaN: a resting step's update, not timed)
+                marks.append((OPTIMIZER_PRE, self.optimizer_pre))
         if stage >= UPDATED:
             rec.updated = True
             rec.opt_after = optimizer_states
-            marks.append((OPTIMIZER_POST, self.optimizer_post))
+            if self.optimizer_post == self.optimizer_post:
+                marks.append((OPTIMIZER_POST, self.optimizer_post))
         if not self.active:  # a finished step (one in progress has no end yet)
             marks.append((END, self.ended))
         return rec

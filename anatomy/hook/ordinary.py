@@ -25,12 +25,7 @@ from anatomy.hook.distributed import communication_bytes, ddp_buckets
 from anatomy.hook.guard import Feature
 from anatomy.hook.lean import (
     BEGUN,
-    FORWARD_DONE,
-    NEED_SAMPLES,
-    NEED_TOKENS,
     PHASE_AT,
-    REST,
-    REST_NEVER,
     DeviceTimed,
 )
 from anatomy.hook.record import StepRecord
@@ -41,7 +36,6 @@ from anatomy.hook.split import explained_after_optimizer, held_after_optimizer, 
 from anatomy.hook.timing import (
     BEGIN,
     END,
-    FORWARD_PRE,
     StepClock,
     durations_from_marks,
 )
@@ -52,9 +46,6 @@ _NAN = math.nan
 # An ordinary step begins and ends in O(1) (on a LeanStep); off, every step goes the full way — what the
 # tests compare the O(1) path with.
 ORDINARY_IN_O1 = True
-# Ordinary steps may run with the model's forward hooks off (off: they always watch the forward) — what the
-# tests compare resting steps with.
-REST_ON = True
 
 
 class OrdinarySteps(StepSnapshots):
@@ -91,27 +82,11 @@ class OrdinarySteps(StepSnapshots):
                     else:
                         lean.clock = None
                     lean.started = perf_counter()
-                    rest = self._rest_ok
-                    if (rest & NEED_SAMPLES and samples is None) or (rest & NEED_TOKENS and tokens is None):
-                        rest = REST_NEVER
-                    if rest:
-                        # The forward runs unwatched: no forward hook of ours (torch's dispatch of one
-                        # costs more than all the rest of the step's hook), the registration watch at rest
-                        # until the step ends; its samples and tokens are the step's own.
-                        if not self._resting:
-                            self._hooks_off()
-                        lean.resting = True
-                        lean.stage = FORWARD_DONE
-                        lean.forward_pre = lean.forward_post = _NAN
-                        lean.samples_seen = lean.tokens_seen = 0
-                        regs = self._model_watch.registrations
-                        if regs is not None:
-                            regs.pop(self._model_watch.key, None)  # (ModelWatch.pause, written out)
-                    else:
-                        lean.resting = False
-                        if self._resting:  # (this step watches its forward: the hooks back)
-                            self._hooks_on()
+                    lean.resting = False  # (a resting step begins in RestingSteps._rest_begin)
+                    if self._resting:  # (this step watches its forward: the hooks back)
+                        self._hooks_on()
                     return
+            self._gate.close()  # (a step ended in full says again whether the next ones rest)
             if self._resting:  # a step the hooks watch in full: its forward too
                 self._hooks_on()
             off = self._guard.off
@@ -138,6 +113,8 @@ class OrdinarySteps(StepSnapshots):
                 rec.grads_begin = sums.gradients = self._gradient_bytes()
                 self._zero_grads_begin = rec.grads_begin
                 sched.charge(REFRESH, time.perf_counter() - began, index)
+            probe = self._probe_ref() if self._probe_ref is not None else None  # (a re-sum may choose anew)
+            rec.version = probe._version if probe is not None else -1
             kind = self._sampled_kind(index, quiet)  # (a trace reads the heap from the step's start)
             rec.heap_on = not quiet and (sched.heap_due(index) or kind == TRACE)
             memory = self._memory
@@ -227,48 +204,14 @@ class OrdinarySteps(StepSnapshots):
         )
         self._lean_on_device = on_device
         self._lean_check = cuda.lean_steady if cuda is not None else None
-        self._rest_ok = self._rest_kind(rec) if exc is None else REST_NEVER
+        if exc is None:
+            self._rest_allow(rec)
+        else:
+            self._gate.close()
         shape = self._schedule.input_shape if self._batch_shape is not None else None
         if shape != self._lean.shape:  # the batch shape an ordinary step's forward may have
             self._lean.learn_shape(shape)
             self._lean_other.learn_shape(shape)
-
-    def _rest_kind(self, rec: StepRecord) -> int:
-        """May the next ordinary steps run with the model's forward hooks off, after ``rec`` ended in full?
-        Only on the host clock, in a loop that marks its steps and whose tracked optimizer's hooks mark the
-        update, nothing compiled, no framework marking the forward, and ``rec`` the usual step: one forward,
-        watched, one update, no closure. A resting step's samples and tokens come from the step or the
-        tracker's defaults, never from the batch (a batch of another shape would go unseen): the step must
-        be given what no default names — its tokens too, unless ``rec``'s batch had none (floats, or one
-        dimension: none whatever its shape)."""
-        if not (self._plain_ok and self._explicit and self._opt_handles and self._handles) or self._no_rest:
-            return REST_NEVER
-        if self._lean_on_device or self._compile_safe or not REST_ON:
-            return REST_NEVER
-        if rec.blocks != 1 or rec.micro != 1 or not rec.updated or rec.closure:
-            return REST_NEVER
-        if not any(kind == FORWARD_PRE for kind, _ in rec.clock.marks):
-            return REST_NEVER  # (its forward went unwatched and it did not end as usual: the next one looks)
-        throughput = self._throughput
-        rest = REST
-        if throughput.default_samples is None:
-            rest |= NEED_SAMPLES
-        no_tokens = rec.tokens is None and rec.samples_seen > 0 and rec.tokens_seen == 0
-        if throughput.default_tokens is None and not no_tokens:
-            rest |= NEED_TOKENS
-        return rest
-
-    def _hooks_off(self) -> None:
-        """The model's forward hooks rest (removed: torch's module call takes its fast path again)."""
-        for handle in self._handles:
-            handle.remove()
-        self._resting = True
-
-    def _hooks_on(self) -> None:
-        """The model's forward hooks back, for a step watched in full (or the rest of one that stopped
-        being ordinary)."""
-        with self._guard(Feature.FORWARD):
-            self._register_model_hooks()
 
     def _charge(self, rec: StepRecord, memory: MemoryBackend | None) -> None:
         """What this step's optional work cost, to the schedule's budget."""
@@ -402,7 +345,7 @@ class OrdinarySteps(StepSnapshots):
         feed.bases[w & MASK] = self._latest
         feed.written = w + 1
         if index + 1 >= self._quiet_until:
-            self._quiet_until = self._schedule.quiet_until(index + 1, self._looked_at)
+            self._quiet_until = self._gate.until = self._schedule.quiet_until(index + 1, self._looked_at)
         if auto and not self._compile_safe and self._compiled():
             self._keep_out_of_compile()
         return True
@@ -413,6 +356,7 @@ class OrdinarySteps(StepSnapshots):
         sums = self._sums
         rec = lean.record(self._spare, sums.gradients, sums.optimizer_states)
         lean.active = False
+        self._gate.close()  # (a step that stopped being ordinary: the next look says again)
         if lean.resting:  # the rest of the step goes on watched
             lean.resting = False
             self._model_watch.resume()

@@ -402,6 +402,9 @@ class PhaseHooks(CountingWindow):
         if lean.active:
             if lean.stage == UPDATED:
                 return  # (ended already, by the optimizer's own hook)
+            if lean.resting and lean.stage == IN_OPTIMIZER:  # (no optimizer hook: the step's end says
+                lean.optimizer_post = perf_counter()  # whether it updated, by the probe's version)
+                return
             self._promote()
         rec = self._step
         if not self.enabled or rec is None or not rec.in_optimizer:

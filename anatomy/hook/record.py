@@ -114,6 +114,7 @@ class StepRecord:
     profiled: bool = False
     began_s: float = 0.0  # a sampled step's start (perf_counter), for the budget
     started: float = 0.0  # the step's start (perf_counter): its time goes to the budget's clock
+    version: int = -1  # the probe parameter's version counter at the start (-1: none)
     # hook state
     in_forward: int = 0
     counting: bool = False

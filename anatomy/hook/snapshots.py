@@ -112,6 +112,7 @@ class StepSnapshots(FrameworkCalls):
         :func:`anatomy.hook.assembly.assemble` once. Without ``oom`` it becomes the latest (``replace``: in
         place of the last row of the step feed, the same step built again); with it (the error's text) it
         is the OOM record."""
+        self._gate.close()  # (resting rows repeat the build: the step that built says again whether they may)
         snap = None
         built_stamp = None
         with self._guard(Feature.SNAPSHOT):

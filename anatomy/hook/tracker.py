@@ -55,10 +55,11 @@ from anatomy.hook.compiled import CompileProbe
 from anatomy.hook.detect import is_oom
 from anatomy.hook.guard import Feature, Guard
 from anatomy.hook.lean import UPDATED, LeanStep
-from anatomy.hook.ordinary import OrdinarySteps
 from anatomy.hook.others import OtherModels
 from anatomy.hook.publishing import Channel
 from anatomy.hook.record import StepRecord, Sums
+from anatomy.hook.rest_gate import RestGate
+from anatomy.hook.resting import RestingSteps
 from anatomy.hook.schedule import (
     SAMPLE_EVERY,
     WARMUP_REFRESH_STEPS,
@@ -95,7 +96,7 @@ def hook_disabled() -> bool:
     return os.environ.get("ANATOMY_TOP", "").strip().lower() in ("0", "false", "no", "off")
 
 
-class Tracker(OrdinarySteps):
+class Tracker(RestingSteps):
     """Measures each training step of ``model`` (and ``optimizer``) and publishes a snapshot per step.
 
     Use ``with tracker.step(samples=..., tokens=...):`` around each optimizer step (or
@@ -138,6 +139,9 @@ class Tracker(OrdinarySteps):
         self.history = FeedHistory(self._feed, HISTORY_LENGTH)
         self._guard = Guard()
         self._schedule = Schedule(sample_every, self.interval_s)
+        # What a resting step reads (one small object: anatomy.hook.resting); closed by any failure.
+        self._gate = RestGate(self._feed, self._schedule)
+        self._guard.listeners.append(self._gate.close)
         self._throughput = Throughput(self._guard, self._schedule, samples, tokens)
         self._channel = Channel(
             self._guard,
@@ -180,7 +184,7 @@ class Tracker(OrdinarySteps):
         self._batch_shape = self._target_shape = None
         self._context: StepContext[Tracker] = StepContext(self, None, None)  # what step() returns, reused
         self._plain_ok = self._lean_on_device = False
-        self._rest_ok, self._resting, self._no_rest = 0, False, False
+        self._resting, self._no_rest = False, False
         self._lean_check = None
         self._episode, self._plan, self._blocks, self._per_piece, self._traced_best = [], None, [], {}, None
         self._spare = None
@@ -237,6 +241,8 @@ class Tracker(OrdinarySteps):
     def begin_step(self, samples: int | None = None, tokens: int | None = None) -> None:
         """A step block begins. Blocks in which no optimizer updates (gradient accumulation, a skipped
         fp16 step, accelerate's non-sync micro-batches) are micro-batches of the next step that does."""
+        if self._gate.ok and self._rest_begin(samples, tokens):
+            return  # (a resting step: its forward unwatched)
         if not self.enabled or self._closed:
             return
         self._explicit = True
@@ -272,6 +278,8 @@ class Tracker(OrdinarySteps):
         error writes the last snapshot with the error text to the OOM file."""
         lean = self._lean
         if lean.active:
+            if lean.resting and exc is None and self._rest_end(lean):
+                return
             if exc is None and lean.stage == UPDATED:
                 try:  # the usual step ends in O(1) where _end_ordinary allows
                     t = perf_counter()
@@ -379,6 +387,7 @@ class Tracker(OrdinarySteps):
         if self._closed:
             return
         self._closed = True
+        self._gate.close()
         if not self.enabled:
             return
         if self._lean.active:

@@ -33,6 +33,7 @@ from anatomy.hook.others import OtherModels
 from anatomy.hook.pieces import PiecePlan
 from anatomy.hook.publishing import Channel
 from anatomy.hook.record import StepRecord, Sums, Traced
+from anatomy.hook.rest_gate import RestGate
 from anatomy.hook.saved import SavedTensorCounter
 from anatomy.hook.schedule import Schedule
 from anatomy.hook.throughput import Throughput
@@ -110,9 +111,10 @@ class TrackerState:
     _lean_on_device: bool  # ordinary steps record CUDA events beside their host times
     _clock_ring: ClockRing  # their clocks, made once and used again
     _lean_check: Callable[[], bool] | None  # an ordinary step's one allocator read, at its end (CUDA)
-    # Whether an ordinary step may run with the model's forward hooks off (anatomy.hook.ordinary's REST
-    # flags: never, or where it is given its samples, its tokens), as of the last step ended in full.
-    _rest_ok: int
+    # Whether an ordinary step may run with the model's forward hooks off (``ok``: anatomy.hook.lean's REST
+    # flags: never, or where it is given its samples, its tokens), as of the last step ended in full, and what
+    # a resting step reads (anatomy.hook.resting).
+    _gate: RestGate
     _resting: bool  # the model's forward hooks are off now (between looks)
     _no_rest: bool  # a framework marks the forward (Lightning's calls): the hooks never rest
     # -- sampled steps (anatomy.hook.sampled)
@@ -153,3 +155,5 @@ class TrackerState:
         def end_step(self, exc: BaseException | None = None) -> None: ...
         def _promote(self) -> StepRecord: ...
         def _last_record(self) -> StepRecord | None: ...
+        def _rest_allow(self, rec: StepRecord) -> None: ...
+        def _hooks_on(self) -> None: ...

@@ -15,7 +15,7 @@ import pytest
 import torch
 
 import anatomy
-from anatomy.hook import ordinary
+from anatomy.hook import resting
 from anatomy.vocabulary import Component
 from tests.hook.test_lean_steps import (
     _PER_RUN,
@@ -153,7 +153,7 @@ def _run(
     rest: bool, special: str, monkeypatch: pytest.MonkeyPatch
 ) -> tuple[list[dict[str, Any]], float, list[bool]]:
     """Usual steps (resting from the fourth on), the special one, usual steps."""
-    monkeypatch.setattr(ordinary, "REST_ON", rest)
+    monkeypatch.setattr(resting, "REST_ON", rest)
     model, opt = _mlp()
     tracker = anatomy.track(model, opt, publish=False, sample_every=0, interval_s=3600.0)
     x = torch.randn(8, 16)
@@ -193,7 +193,7 @@ def test_a_resting_step_of_any_kind_comes_out_as_a_watched_one(
         assert a == b, a["step"]
 
 
-def test_a_step_of_other_samples_is_followed_by_a_watched_one_that_counts_its_batch() -> None:
+def test_a_step_of_other_samples_is_watched_and_counts_its_batch() -> None:
     model, opt = _mlp()
     tracker = anatomy.track(model, opt, publish=False, sample_every=0, interval_s=3600.0)
     x, wide = torch.randn(8, 16), torch.randn(12, 16)
@@ -204,10 +204,12 @@ def test_a_step_of_other_samples_is_followed_by_a_watched_one_that_counts_its_ba
             _usual(model, opt, batch)
     history = list(tracker.history)
     tracker.close()
-    assert not watched[7] and not watched[8] and watched[9], watched  # the wide batch's first step: unseen
+    # The gate lets no step through whose samples are not the build's: the wide batch's first step is
+    # watched from its start, its batch counted there.
+    assert not watched[7] and watched[8], watched
     acts = [s.memory[Component.ACTIVATIONS] for s in history]
-    assert acts[9] is not None and acts[7] is not None and acts[9] == acts[7] * 12 // 8  # counted anew
-    assert [s.batch_size for s in history][9:] == [12] * 3
+    assert acts[8] is not None and acts[7] is not None and acts[8] == acts[7] * 12 // 8  # counted anew
+    assert [s.batch_size for s in history][8:] == [12] * 4
 
 
 class _Sliced(torch.nn.Module):
@@ -248,22 +250,31 @@ def test_the_registration_watch_rests_with_the_forward_and_sees_a_module_assigne
     assert snap.memory[Component.WEIGHTS] == weights + head
 
 
-def test_once_anything_is_compiled_the_forward_stays_watched() -> None:
-    """Dynamo guards on a traced module's hooks: taking ours off and putting them back would recompile."""
+def test_once_anything_is_compiled_the_forward_stays_watched_from_the_next_look() -> None:
+    """Dynamo guards on a traced module's hooks: taking ours off and putting them back would recompile. A
+    frame compiled while steps rest was traced without them either way (its step began before it), so it is
+    looked for at the next look, not on every step: from there the hooks stay on."""
     import torch._dynamo
 
     model, opt = _mlp()
-    tracker = anatomy.track(model, opt, publish=False, sample_every=0, interval_s=3600.0)
+    tracker = anatomy.track(model, opt, publish=False, sample_every=0, interval_s=0.02)
     x = torch.randn(8, 16)
     watched: list[bool] = []
-    for i in range(12):
+    compiled_at = 0.0
+    for i in range(20000):
         if i == 6:
             torch._dynamo.utils.counters["frames"]["ok"] += 1  # (a frame compiled somewhere in the process)
+            compiled_at = time.perf_counter()
         with tracker.step(samples=8):
             watched.append(_watched(model))
             _usual(model, opt, x)
+        if i > 6 and time.perf_counter() - compiled_at > 1.0 and watched[-1]:
+            break
     tracker.close()
-    assert not any(watched[3:6]) and all(watched[6:]), watched
+    assert not any(watched[3:7]), watched[:8]
+    assert watched[-1], "no look within a second of 0.02 s publish intervals"
+    look = watched.index(True, 7)
+    assert all(watched[look:]) and len(watched) - look > 10, (look, len(watched))
 
 
 def test_a_rebuild_due_while_resting_waits_for_a_look_and_every_snapshot_has_the_split() -> None:
@@ -283,3 +294,140 @@ def test_a_rebuild_due_while_resting_waits_for_a_look_and_every_snapshot_has_the
     tracker.close()
     assert len(history) >= 40 and sum(not w for w in watched) >= 10, watched
     assert all(s.timing.forward_s is not None and s.timing.backward_s is not None for s in history[1:])
+
+
+def _ours_global_pre_hooks() -> int:
+    from torch.optim import optimizer as torch_optimizer
+
+    return len(torch_optimizer._global_optimizer_pre_hooks)
+
+
+def test_a_resting_step_runs_under_no_hook_of_ours_and_a_look_puts_every_one_back() -> None:
+    """Between looks neither the model nor the optimizer (nor torch's global optimizer hooks) holds a hook
+    of ours; the user's own hooks fire on every step as without us."""
+    model, opt = _mlp()
+    fired: list[str] = []
+    model.register_forward_hook(lambda *_: fired.append("forward"))
+    opt.register_step_post_hook(lambda *_: fired.append("step"))
+    before = (_ours_global_pre_hooks(), len(opt._optimizer_step_post_hooks), len(model._forward_hooks))
+    tracker = anatomy.track(model, opt, publish=False, sample_every=0, interval_s=3600.0)
+    x = torch.randn(8, 16)
+    seen: list[tuple[int, int, int]] = []
+    for _ in range(12):
+        with tracker.step(samples=8):
+            seen.append(
+                (_ours_global_pre_hooks(), len(opt._optimizer_step_post_hooks), len(model._forward_hooks))
+            )
+            _usual(model, opt, x)
+    history = list(tracker.history)
+    tracker.close()
+    assert seen[0] == (before[0] + 1, before[1] + 1, before[2] + 1)  # (a step that looks: all of ours)
+    assert seen[4:] == [before] * 8, seen  # resting: none of ours
+    assert (_ours_global_pre_hooks(), len(opt._optimizer_step_post_hooks)) == before[:2]
+    assert fired == ["forward", "step"] * 12
+    assert [s.step for s in history] == list(range(12))
+
+
+class _Replacing(torch.optim.Optimizer):
+    """Plain SGD that replaces each parameter's data (no in-place update: its version counter stays)."""
+
+    def __init__(self, params: Any, lr: float = 1e-3) -> None:
+        super().__init__(params, {"lr": lr})
+
+    @torch.no_grad()
+    def step(self, closure: Any = None) -> None:
+        for group in self.param_groups:
+            for p in group["params"]:
+                if p.grad is not None:
+                    p.data = p.data - group["lr"] * p.grad
+
+
+def test_an_optimizer_whose_update_leaves_the_version_counter_never_lets_a_step_rest() -> None:
+    """A resting step's update is seen by the probe parameter's version counter: where the step that looks
+    sees an update that did not move it, every step stays watched (its optimizer hooks say when it
+    updates)."""
+    model, _ = _mlp()
+    opt = _Replacing(model.parameters())
+    tracker = anatomy.track(model, opt, publish=False, sample_every=0, interval_s=3600.0)
+    x = torch.randn(8, 16)
+    watched: list[bool] = []
+    for _ in range(12):
+        with tracker.step(samples=8):
+            watched.append(_watched(model))
+            _usual(model, opt, x)
+    history = list(tracker.history)
+    tracker.close()
+    assert all(watched), watched
+    assert [s.step for s in history] == list(range(12))
+
+
+def test_an_optimizer_made_while_steps_rest_is_adopted_at_the_next_look() -> None:
+    """The optimizer watch's global hook is out of torch's dict while steps rest: an optimizer the loop makes
+    anew without telling the tracker is found at the next look, its states summed from there."""
+    model, opt = _mlp()
+    tracker = anatomy.track(model, opt, publish=False, sample_every=0, interval_s=0.02)
+    x = torch.randn(8, 16)
+    for _ in range(8):
+        with tracker.step(samples=8):
+            _usual(model, opt, x)
+    new = torch.optim.SGD(model.parameters(), lr=1e-3, momentum=0.9)
+    began = time.perf_counter()
+    while time.perf_counter() - began < 5.0 and tracker._optimizer is not new:
+        with tracker.step(samples=8):
+            _usual(model, new, x)
+    for _ in range(3):
+        with tracker.step(samples=8):
+            _usual(model, new, x)
+    snap = tracker.latest
+    tracker.close()
+    momentum = sum(p.numel() * p.element_size() for p in model.parameters())
+    assert tracker._optimizer is new
+    assert snap is not None and snap.memory[Component.OPTIMIZER_STATES] == momentum
+
+
+def test_a_resting_rows_time_is_the_wall_clocks() -> None:
+    model, opt = _mlp()
+    tracker = anatomy.track(model, opt, publish=False, sample_every=0, interval_s=3600.0)
+    x = torch.randn(8, 16)
+    for _ in range(10):
+        with tracker.step(samples=8):
+            _usual(model, opt, x)
+    snap = tracker.latest
+    now = time.time()
+    tracker.close()
+    assert snap is not None and snap.step == 9 and snap.timing.forward_s is not None
+    assert now - 2.0 < snap.time <= now
+
+
+def _events() -> dict[str, Any]:
+    from anatomy.hook.guard import Feature
+
+    return {
+        "failure": lambda t, m: t._guard.fail(Feature.HEAP, RuntimeError("a heap read failed")),
+        "parameter assigned": lambda t, m: setattr(m, "extra", torch.nn.Parameter(torch.zeros(2))),
+        "set-up told": lambda t, m: t.set_precision(grad_scaler=True),
+        "model added": lambda t, m: t.add_model("teacher", torch.nn.Linear(2, 2)),
+        "optimizer added": lambda t, m: t.add_optimizer(torch.optim.SGD(torch.nn.Linear(2, 2).parameters())),
+        "framework call": lambda t, m: t.forward_begin(),
+    }
+
+
+@pytest.mark.parametrize("event", list(_events()))
+def test_whatever_changes_between_looks_makes_the_next_step_look(event: str) -> None:
+    """Steps rest on what the last look saw (the gate): a failure, a parameter assigned on the model, a set-up
+    told or added to, a framework's call — each closes it where it happens, and the next step watches its
+    forward."""
+    model, opt = _mlp()
+    tracker = anatomy.track(model, opt, publish=False, sample_every=0, interval_s=3600.0)
+    x = torch.randn(8, 16)
+    watched: list[bool] = []
+    for i in range(10):
+        if i == 6:
+            _events()[event](tracker, model)
+        with tracker.step(samples=8):
+            watched.append(_watched(model))
+            _usual(model, opt, x)
+    history = list(tracker.history)
+    tracker.close()
+    assert not any(watched[3:6]) and watched[6], watched
+    assert [s.step for s in history] == list(range(10))

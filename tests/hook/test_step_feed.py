@@ -208,3 +208,23 @@ def test_an_unwatched_steps_split_is_the_builds_scaled_to_its_time_outside_the_o
     # outside the optimizer: 0.2 s here against 0.4 s in the build
     assert snap.timing.forward_s == pytest.approx(0.05) and snap.timing.backward_s == pytest.approx(0.1)
     assert snap.timing.forward_s + snap.timing.backward_s + 0.1 <= 0.3 + 1e-12
+
+
+def test_a_row_that_timed_neither_phase_shows_the_builds_three_scaled_to_its_step() -> None:
+    """A resting step's update ran under no hook of ours: its row has the step's time alone, and its
+    snapshot the build's forward, backward and optimizer times, each scaled by the two steps' times (they
+    add up as the build's did); the record keeps all three null."""
+    feed = StepFeed()
+    base = dataclasses.replace(
+        _built(0, seq=1), timing=Timing(step_s=0.5, forward_s=0.1, backward_s=0.2, optimizer_s=0.1)
+    )
+    feed.put_built(base)
+    feed.put(base, 2, 101.0, 1, Timing(step_s=0.25, samples_per_s=32.0))
+    snap = feed.snapshot(1)
+    assert snap is not None
+    t = snap.timing
+    assert t.forward_s == pytest.approx(0.05) and t.backward_s == pytest.approx(0.1)
+    assert t.optimizer_s == pytest.approx(0.05) and t.samples_per_s == 32.0
+    got, _ = feed.rows_since(0)
+    _, line = feed_rows(got)
+    assert json.loads(line)["rows"][1][4:7] == [None, None, None]

@@ -1,0 +1,245 @@
+"""Resting steps: an ordinary step told what its batch would tell runs under no hook of ours — its begin and
+its end, a clock read at each, and nothing in between.
+
+Where the last step that ended in full allows it (:meth:`RestingSteps._rest_allow`), the next ordinary
+steps rest: the model's forward hooks, the optimizer's post-hook and the optimizer watch's global pre-hook
+are off (torch's module call and optimizer step take their fast paths again), and the step is two calls of
+ours, ``begin_step`` and ``end_step``, that read one small object, :class:`~anatomy.hook.rest_gate.RestGate`,
+where everything they need was set when the step that allowed it ended: how far the steps stay ordinary,
+the probe parameter, the samples and gradients the last build had. That the optimizer updated, a resting
+step learns from the probe parameter's version counter (the update moves it in place; the step that
+allowed resting saw it move). Its row has the step's time alone: the reader shows the last build's
+forward, backward and optimizer times scaled to it (:mod:`anatomy.step_feed`).
+
+After a big step the hook's code and data are cold in the CPU caches and every line and every object touched
+costs, so whatever can change between two looks closes the gate where it happens (``gate.ok = 0``: a
+forced re-sum, a new set-up, a failure, a registration on the model, a framework's call, a promotion, a
+build, ``close``) instead of being asked on every step. A step the gate does not let through — not told its
+samples, other samples than the build's, a moved parameter, its gradients set where the build's were not,
+the schedule's next look — goes the general way (:mod:`anatomy.hook.ordinary`), every hook back on.
+
+What a resting step still checks itself: its samples and tokens, the probe parameter's storage, gradient
+and version (``.to()``, ``zero_grad(set_to_none=...)`` and the update call no hook of ours), and the step
+count against the look. What no hook sees while steps rest waits for the next look: an optimizer made anew
+without telling the tracker, and anything compiled (a frame compiled while steps rest was traced without
+our hooks either way: its step began before it; the look's ``begin_step`` wraps them before it puts them
+back).
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from time import perf_counter
+
+from anatomy.hook.guard import Feature
+from anatomy.hook.lean import (
+    FORWARD_DONE,
+    IN_OPTIMIZER,
+    NEED_SAMPLES,
+    NEED_TOKENS,
+    REST,
+    REST_NEVER,
+    UPDATED,
+    LeanStep,
+)
+from anatomy.hook.ordinary import OrdinarySteps
+from anatomy.hook.record import StepRecord
+from anatomy.hook.rest_gate import ANY_GRAD, no_parameter
+from anatomy.hook.schedule import RECENT_STEPS
+from anatomy.hook.timing import FORWARD_PRE
+from anatomy.step_feed import MASK, PEAK, WIDTH
+
+_NAN = math.nan
+# Ordinary steps may run with the model's forward hooks off (off: they always watch the forward) — what the
+# tests compare resting steps with.
+REST_ON = True
+
+
+class RestingSteps(OrdinarySteps):
+    """A resting step's begin and end, what allows it, and our hooks off and back on."""
+
+    def _rest_begin(self, samples: int | None, tokens: int | None) -> bool:
+        """Begin a resting step, where the gate lets it through (False: ``begin_step`` goes on)."""
+        gate = self._gate
+        try:
+            index = self._steps_done
+            lean = self._lean_other  # (the two alternate: the one that ended stays readable)
+            if index >= gate.until or self._lean.active:
+                return False
+            if (samples if samples is not None else gate.default_samples) != gate.samples:
+                return False
+            if tokens is None and gate.need_tokens:
+                return False
+            probe = gate.probe()
+            if probe is None or probe.data_ptr() != gate.probe_data:
+                return False
+            if (probe.grad is not None) != gate.grads and gate.grads != ANY_GRAD:
+                return False
+            self._lean_other = self._lean
+            self._lean = lean
+            if not lean.resting:
+                self._prime(lean)
+            lean.index, lean.samples, lean.tokens = index, samples, tokens
+            lean.stage = FORWARD_DONE
+            lean.backward_ended = 0.0
+            lean.version = probe._version
+            lean.active = True
+            if not self._resting:
+                self._hooks_off()
+            gate.regs.pop(gate.key, None)  # (ModelWatch.pause, written out: resumed as the step ends)
+            lean.started = perf_counter()
+            return True
+        except Exception as exc:
+            self._guard.fail(Feature.STEP, exc)
+            return False
+
+    def _prime(self, lean: LeanStep) -> None:
+        """What every resting step of ``lean`` holds alike (until it is used another way: ``resting``
+        False)."""
+        gate = self._gate
+        lean.auto = lean.framework = lean.closure = False
+        lean.depth = 0
+        lean.clock = None
+        lean.forward_pre = lean.forward_post = _NAN
+        lean.samples_seen = lean.tokens_seen = 0
+        lean.grads_begin, lean.opt_begin = gate.start_grads, gate.opt_states
+        lean.resting = True
+
+    def _rest_end(self, lean: LeanStep) -> bool:
+        """A resting step ends: where the probe parameter's version moved (the optimizer updated it) or a
+        framework marked the update, its row goes to the step feed (``_end_ordinary``'s, for the one kind of
+        step the gate lets through). False: the general way — as an update not timed (optimizer times NaN)
+        where the version moved, as a block without one where nothing did."""
+        try:
+            t = perf_counter()
+            gate = self._gate
+            stage = lean.stage
+            if stage != UPDATED:
+                probe = gate.probe()
+                if probe is None or probe._version == lean.version:
+                    return False  # (no update: a block the next one continues)
+                if stage != IN_OPTIMIZER or not lean.optimizer_post >= lean.optimizer_pre:
+                    lean.optimizer_pre = lean.optimizer_post = _NAN  # (updated, no optimizer time taken)
+                lean.stage = UPDATED
+            step_s = t - lean.started
+            if not gate.ok or step_s <= 0.0:
+                return False  # (closed meanwhile, or a clock that did not move: the general way says so)
+            index = lean.index
+            sched = gate.schedule
+            sched.trained_s += step_s  # (the budget's clock: the training thread's time)
+            sched.recent_step_s[sched.noted % RECENT_STEPS] = step_s  # (Schedule.note_step_s, written out)
+            sched.noted += 1
+            samples = gate.samples
+            tokens = lean.tokens
+            if tokens is None:
+                tokens = gate.default_tokens
+            self._steps_done = index + 1
+            seq = self._seq = self._seq + 1
+            feed = gate.feed  # (StepFeed.put, written out: floats into the preallocated ring)
+            w = feed.written
+            o = (w & MASK) * WIDTH
+            v = feed.values
+            v[o] = index
+            v[o + 1] = seq
+            v[o + 2] = t + gate.wall  # (time.time(), from the clock already read)
+            v[o + 3] = step_s
+            v[o + 4] = v[o + 5] = _NAN  # (unwatched: the reader shows the build's split, scaled)
+            v[o + 6] = lean.optimizer_post - lean.optimizer_pre
+            v[o + 7] = samples / step_s if samples else _NAN
+            v[o + 8] = tokens / step_s if tokens else _NAN
+            v[o + PEAK] = gate.peak
+            feed.bases[w & MASK] = gate.latest
+            feed.written = w + 1
+            if index + 1 >= gate.until:
+                self._quiet_until = gate.until = sched.quiet_until(index + 1, self._looked_at)
+            lean.active = False
+            lean.ended = t
+            self._finished_lean = True
+            gate.regs[gate.key] = gate.watch_hook  # (ModelWatch.resume, written out)
+            return True
+        except Exception as exc:
+            self._guard.fail(Feature.STEP, exc)
+            return False
+
+    def _rest_allow(self, rec: StepRecord) -> None:
+        """After ``rec`` ended in full: may the next ordinary steps rest, and on what."""
+        gate = self._gate
+        gate.ok = REST_NEVER
+        kind = self._rest_kind(rec)
+        if not kind or self._base_micro != 1 or self._base_samples is None or self._counter.active:
+            return
+        sums = self._sums
+        base_grads = self._base_grads_begin
+        if base_grads not in (0, sums.gradients):
+            return  # (not a figure a resting step can start from)
+        throughput = self._throughput
+        gate.until = self._quiet_until
+        ref = self._probe_ref
+        gate.probe = ref if ref is not None else no_parameter
+        gate.probe_data = self._probe_data if self._probe_data is not None else -1
+        gate.samples = self._base_samples
+        gate.default_samples = throughput.default_samples
+        gate.default_tokens = throughput.default_tokens or 0
+        gate.need_tokens = bool(kind & NEED_TOKENS)
+        gate.grads = ANY_GRAD if sums.gradients == 0 else int(base_grads != 0)
+        gate.start_grads, gate.opt_states = base_grads, sums.optimizer_states
+        gate.peak, gate.latest = self._base_peak, self._latest
+        gate.wall = time.time() - perf_counter()
+        watch = self._model_watch
+        gate.regs = watch.registrations if watch.registrations is not None else {}
+        gate.key, gate.watch_hook = watch.key, watch.hook
+        self._lean.resting = self._lean_other.resting = False  # (primed anew: the sums may have moved)
+        gate.ok = kind
+
+    def _rest_kind(self, rec: StepRecord) -> int:
+        """May the next ordinary steps run with the model's forward hooks off, after ``rec`` ended in full?
+        Only on the host clock, in a loop that marks its steps and whose tracked optimizer's hooks mark the
+        update, nothing compiled, no framework marking the forward, and ``rec`` the usual step: one forward,
+        watched, one update, no closure. A resting step's samples and tokens come from the step or the
+        tracker's defaults, never from the batch (a batch of another shape would go unseen): the step must
+        be given what no default names — its tokens too, unless ``rec``'s batch had none (floats, or one
+        dimension: none whatever its shape)."""
+        if not (self._plain_ok and self._explicit and self._opt_handles and self._handles) or self._no_rest:
+            return REST_NEVER
+        if self._lean_on_device or self._compile_safe or not REST_ON or self._closed:
+            return REST_NEVER
+        if self._compiled():  # (compiled in this step: the next step's begin looks, its hooks wrapped)
+            return REST_NEVER
+        if rec.blocks != 1 or rec.micro != 1 or not rec.updated or rec.closure:
+            return REST_NEVER
+        if not any(kind == FORWARD_PRE for kind, _ in rec.clock.marks):
+            return REST_NEVER  # (its forward went unwatched and it did not end as usual: the next one looks)
+        # A resting step's update is seen by the probe parameter's version counter alone: one optimizer,
+        # whose update moved it on this step.
+        probe = self._probe_ref() if self._probe_ref is not None else None
+        if probe is None or rec.version < 0 or probe._version == rec.version or self._extra_optimizers:
+            return REST_NEVER
+        throughput = self._throughput
+        rest = REST
+        if throughput.default_samples is None:
+            rest |= NEED_SAMPLES
+        no_tokens = rec.tokens is None and rec.samples_seen > 0 and rec.tokens_seen == 0
+        if throughput.default_tokens is None and not no_tokens:
+            rest |= NEED_TOKENS
+        return rest
+
+    def _hooks_off(self) -> None:
+        """Our hooks rest: the model's forward hooks and the optimizer's (torch's module call and optimizer
+        step take their fast paths again), the optimizer watch's global one out of torch's dict."""
+        for handle in self._handles:
+            handle.remove()
+        for handle in self._opt_handles:
+            handle.remove()
+        self._opt_handles = []
+        self._optimizer_watch.pause()
+        self._resting = True
+
+    def _hooks_on(self) -> None:
+        """Our hooks back, for a step watched in full (or the rest of one that stopped being ordinary)."""
+        self._optimizer_watch.resume()
+        with self._guard(Feature.OPTIMIZER):
+            if self._optimizer is not None:
+                self._register_optimizer_hooks()
+        with self._guard(Feature.FORWARD):
+            self._register_model_hooks()
