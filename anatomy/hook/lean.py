@@ -40,8 +40,8 @@ from anatomy.vocabulary import Phase
 BEGUN, IN_FORWARD, FORWARD_DONE, IN_OPTIMIZER, UPDATED = range(5)
 # The phase a step is in at each stage (BEGUN: none yet).
 PHASE_AT = (Phase.OTHER, Phase.FORWARD, Phase.BACKWARD, Phase.OPTIMIZER, Phase.OTHER)
-# What the next ordinary step may do (Tracker._rest_ok): never rest, or rest (REST: begin at FORWARD_DONE,
-# the model's forward hooks off) where it is given what the batch would otherwise tell (NEED_SAMPLES,
+# What the next ordinary step may do (RestGate.ok): never rest, or rest (REST: begin at FORWARD_DONE,
+# every hook of ours off) where it is given what the batch would otherwise tell (NEED_SAMPLES,
 # NEED_TOKENS).
 REST_NEVER, REST, NEED_SAMPLES, NEED_TOKENS = 0, 1, 2, 4
 
