@@ -114,7 +114,7 @@ class LeanStep:
         self.depth = 0  # the model's own forwards open inside the framework's
         self.closure = False  # the optimizer's closure was wrapped (the framework's forward runs in it)
         self.backward_ended = 0.0  # a framework's backward end (0.0: none; the optimizer's start ends it)
-        # Begun with the model's forward hooks off (FORWARD_DONE from the start, no forward times: NaN).
+        # Begun with every hook of ours off (FORWARD_DONE from the start, no forward times: NaN).
         self.resting = False
         # A resting step's probe parameter's version counter at its start (its update moves it: no
         # optimizer hook of ours runs on a resting step).

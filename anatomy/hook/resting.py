@@ -51,7 +51,7 @@ from anatomy.hook.timing import FORWARD_PRE
 from anatomy.step_feed import MASK, PEAK, WIDTH
 
 _NAN = math.nan
-# Ordinary steps may run with the model's forward hooks off (off: they always watch the forward) — what the
+# Ordinary steps may run with every hook of ours off (off: they always watch the forward) — what the
 # tests compare resting steps with.
 REST_ON = True
 
@@ -193,7 +193,7 @@ class RestingSteps(OrdinarySteps):
         gate.ok = kind
 
     def _rest_kind(self, rec: StepRecord) -> int:
-        """May the next ordinary steps run with the model's forward hooks off, after ``rec`` ended in full?
+        """May the next ordinary steps run with every hook of ours off, after ``rec`` ended in full?
         Only on the host clock, in a loop that marks its steps and whose tracked optimizer's hooks mark the
         update, nothing compiled, no framework marking the forward, and ``rec`` the usual step: one forward,
         watched, one update, no closure. A resting step's samples and tokens come from the step or the

@@ -242,7 +242,7 @@ class Tracker(RestingSteps):
         """A step block begins. Blocks in which no optimizer updates (gradient accumulation, a skipped
         fp16 step, accelerate's non-sync micro-batches) are micro-batches of the next step that does."""
         if self._gate.ok and self._rest_begin(samples, tokens):
-            return  # (a resting step: its forward unwatched)
+            return  # (a resting step: under no hook of ours)
         if not self.enabled or self._closed:
             return
         self._explicit = True

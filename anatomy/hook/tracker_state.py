@@ -111,7 +111,7 @@ class TrackerState:
     _lean_on_device: bool  # ordinary steps record CUDA events beside their host times
     _clock_ring: ClockRing  # their clocks, made once and used again
     _lean_check: Callable[[], bool] | None  # an ordinary step's one allocator read, at its end (CUDA)
-    # Whether an ordinary step may run with the model's forward hooks off (``ok``: anatomy.hook.lean's REST
+    # Whether an ordinary step may run with every hook of ours off (``ok``: anatomy.hook.lean's REST
     # flags: never, or where it is given its samples, its tokens), as of the last step ended in full, and what
     # a resting step reads (anatomy.hook.resting).
     _gate: RestGate
