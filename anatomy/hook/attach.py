@@ -400,7 +400,8 @@ class Attachment(TrackerState):
         cached = self._expected
         if cached is None or cached[0] != (precision, kind, fraction, quantized):
             table = {
-                c: expected_bytes_per_param(c, precision, kind, fraction, quantized) for c in MODEL_COMPONENTS
+                c: expected_bytes_per_param(c, precision, kind, fraction, quantized)
+                for c in MODEL_COMPONENTS
             }
             cached = self._expected = ((precision, kind, fraction, quantized), table)
         zero = self._zero

@@ -2,16 +2,12 @@
 
 from __future__ import annotations
 
-import math
 from typing import Any
 
 import torch
 
 from anatomy.hook.lean import REST_NEVER
-from anatomy.hook.schedule import Schedule
-from anatomy.step_feed import StepFeed
 
-_NAN = math.nan
 # Either state of the probe's gradient gives the build's gradients at a step's start (none were summed).
 ANY_GRAD = 2
 
@@ -21,52 +17,38 @@ def no_parameter() -> torch.Tensor | None:
 
 
 class RestGate:
-    """What a resting step reads, set where the last step ended in full (the look): ``ok`` (the REST flags;
-    0: closed), the step count of the next look (``until``), and the last build's figures a resting step
-    must share (its samples, its gradients at the start) or copies into its row."""
+    """What a resting step's begin reads, set where the last step ended in full (the look): ``ok`` (the REST
+    flags; 0: closed), the step count of the next look (``until``), and the last build's figures a resting
+    step must share (its samples, its gradients at the start)."""
 
     __slots__ = (
         "default_samples",
-        "default_tokens",
-        "feed",
         "grads",
         "key",
-        "latest",
         "need_tokens",
         "ok",
         "opt_states",
-        "peak",
         "probe",
         "probe_data",
         "regs",
         "samples",
-        "schedule",
         "start_grads",
         "until",
-        "wall",
-        "watch_hook",
     )
 
-    def __init__(self, feed: StepFeed, schedule: Schedule) -> None:
+    def __init__(self) -> None:
         self.ok = REST_NEVER
         self.until = 0
-        self.feed = feed
-        self.schedule = schedule
         self.probe: Any = no_parameter  # (a weak reference to the probe parameter)
         self.probe_data = -1
         self.samples: int | None = None  # the build's; a resting step's own, or the default, must equal it
         self.default_samples: int | None = None
-        self.default_tokens = 0
         self.need_tokens = False
         self.grads = ANY_GRAD  # the probe's gradient set (1) or None (0) at the start, as at the build's
         self.start_grads = self.opt_states = 0  # the tracker's sums at a resting step's start
-        self.peak = _NAN
-        self.wall = 0.0  # time.time() - perf_counter(), as of the look
-        self.latest: Any = None  # the last snapshot built, a resting row's base
-        # The registration watch's dict, key and hook (a private dict where torch keeps none elsewhere).
+        # The registration watch's dict and key (a private dict where torch keeps none elsewhere).
         self.regs: dict[int, Any] = {}
         self.key = 0
-        self.watch_hook: Any = None
 
     def close(self) -> None:
         """Steps rest no more until the next look allows it."""

@@ -8,8 +8,9 @@ ours, ``begin_step`` and ``end_step``, that read one small object, :class:`~anat
 where everything they need was set when the step that allowed it ended: how far the steps stay ordinary,
 the probe parameter, the samples and gradients the last build had. That the optimizer updated, a resting
 step learns from the probe parameter's version counter (the update moves it in place; the step that
-allowed resting saw it move). Its row has the step's time alone: the reader shows the last build's
-forward, backward and optimizer times scaled to it (:mod:`anatomy.step_feed`).
+allowed resting saw it move): it then ends in O(1) as any ordinary step does
+(:meth:`~anatomy.hook.ordinary.OrdinarySteps._end_ordinary`). Its row has the step's time alone: the reader
+shows the last build's forward, backward and optimizer times scaled to it (:mod:`anatomy.step_feed`).
 
 After a big step the hook's code and data are cold in the CPU caches and every line and every object touched
 costs, so whatever can change between two looks closes the gate where it happens (``gate.ok = 0``: a
@@ -29,7 +30,6 @@ back).
 from __future__ import annotations
 
 import math
-import time
 from time import perf_counter
 
 from anatomy.hook.guard import Feature
@@ -46,9 +46,7 @@ from anatomy.hook.lean import (
 from anatomy.hook.ordinary import OrdinarySteps
 from anatomy.hook.record import StepRecord
 from anatomy.hook.rest_gate import ANY_GRAD, no_parameter
-from anatomy.hook.schedule import RECENT_STEPS
 from anatomy.hook.timing import FORWARD_PRE
-from anatomy.step_feed import MASK, PEAK, WIDTH
 
 _NAN = math.nan
 # Ordinary steps may run with every hook of ours off (off: they always watch the forward) — what the
@@ -106,61 +104,23 @@ class RestingSteps(OrdinarySteps):
         lean.grads_begin, lean.opt_begin = gate.start_grads, gate.opt_states
         lean.resting = True
 
-    def _rest_end(self, lean: LeanStep) -> bool:
-        """A resting step ends: where the probe parameter's version moved (the optimizer updated it) or a
-        framework marked the update, its row goes to the step feed (``_end_ordinary``'s, for the one kind of
-        step the gate lets through). False: the general way — as an update not timed (optimizer times NaN)
-        where the version moved, as a block without one where nothing did."""
+    def _rest_updated(self, lean: LeanStep) -> None:
+        """A resting step ends: where the probe parameter's version moved (the optimizer updated it, under no
+        hook of ours), it is at ``UPDATED`` — its optimizer not timed (NaN) unless a framework's
+        ``optimizer_begin``/``optimizer_end`` timed it — and ends in O(1) as any ordinary step does
+        (``_end_ordinary``); where nothing moved, it is a block without an update."""
         try:
-            t = perf_counter()
-            gate = self._gate
             stage = lean.stage
-            if stage != UPDATED:
-                probe = gate.probe()
-                if probe is None or probe._version == lean.version:
-                    return False  # (no update: a block the next one continues)
-                if stage != IN_OPTIMIZER or not lean.optimizer_post >= lean.optimizer_pre:
-                    lean.optimizer_pre = lean.optimizer_post = _NAN  # (updated, no optimizer time taken)
-                lean.stage = UPDATED
-            step_s = t - lean.started
-            if not gate.ok or step_s <= 0.0:
-                return False  # (closed meanwhile, or a clock that did not move: the general way says so)
-            index = lean.index
-            sched = gate.schedule
-            sched.trained_s += step_s  # (the budget's clock: the training thread's time)
-            sched.recent_step_s[sched.noted % RECENT_STEPS] = step_s  # (Schedule.note_step_s, written out)
-            sched.noted += 1
-            samples = gate.samples
-            tokens = lean.tokens
-            if tokens is None:
-                tokens = gate.default_tokens
-            self._steps_done = index + 1
-            seq = self._seq = self._seq + 1
-            feed = gate.feed  # (StepFeed.put, written out: floats into the preallocated ring)
-            w = feed.written
-            o = (w & MASK) * WIDTH
-            v = feed.values
-            v[o] = index
-            v[o + 1] = seq
-            v[o + 2] = t + gate.wall  # (time.time(), from the clock already read)
-            v[o + 3] = step_s
-            v[o + 4] = v[o + 5] = _NAN  # (unwatched: the reader shows the build's split, scaled)
-            v[o + 6] = lean.optimizer_post - lean.optimizer_pre
-            v[o + 7] = samples / step_s if samples else _NAN
-            v[o + 8] = tokens / step_s if tokens else _NAN
-            v[o + PEAK] = gate.peak
-            feed.bases[w & MASK] = gate.latest
-            feed.written = w + 1
-            if index + 1 >= gate.until:
-                self._quiet_until = gate.until = sched.quiet_until(index + 1, self._looked_at)
-            lean.active = False
-            lean.ended = t
-            self._finished_lean = True
-            gate.regs[gate.key] = gate.watch_hook  # (ModelWatch.resume, written out)
-            return True
+            if stage == UPDATED:
+                return
+            probe = self._gate.probe()
+            if probe is None or probe._version == lean.version:
+                return  # (no update: a block the next one continues)
+            if stage != IN_OPTIMIZER or not lean.optimizer_post >= lean.optimizer_pre:
+                lean.optimizer_pre = lean.optimizer_post = _NAN
+            lean.stage = UPDATED
         except Exception as exc:
             self._guard.fail(Feature.STEP, exc)
-            return False
 
     def _rest_allow(self, rec: StepRecord) -> None:
         """After ``rec`` ended in full: may the next ordinary steps rest, and on what."""
@@ -180,15 +140,12 @@ class RestingSteps(OrdinarySteps):
         gate.probe_data = self._probe_data if self._probe_data is not None else -1
         gate.samples = self._base_samples
         gate.default_samples = throughput.default_samples
-        gate.default_tokens = throughput.default_tokens or 0
         gate.need_tokens = bool(kind & NEED_TOKENS)
         gate.grads = ANY_GRAD if sums.gradients == 0 else int(base_grads != 0)
         gate.start_grads, gate.opt_states = base_grads, sums.optimizer_states
-        gate.peak, gate.latest = self._base_peak, self._latest
-        gate.wall = time.time() - perf_counter()
         watch = self._model_watch
         gate.regs = watch.registrations if watch.registrations is not None else {}
-        gate.key, gate.watch_hook = watch.key, watch.hook
+        gate.key = watch.key
         self._lean.resting = self._lean_other.resting = False  # (primed anew: the sums may have moved)
         gate.ok = kind
 
