@@ -3,7 +3,8 @@ snapshot only where one is wanted. Stdlib only.
 
 An ordinary step's snapshot is the last one built in full with the step's number, time and timing (every
 other figure is the same; a step whose forward the hook did not watch — its row's forward and backward
-NaN — shows that build's forward and backward times, scaled to its own time outside the optimizer).
+NaN — shows that build's forward and backward times, scaled to its own time outside the optimizer; one that
+timed its optimizer neither, all three of the build's, scaled to its step).
 Making that snapshot on the training thread at every step cost ~25 µs and objects the garbage collector had
 to walk; here the training thread writes the step's
 numbers into columns allocated once (:meth:`StepFeed.put`, or the tracker's inline copy of it: no object is
