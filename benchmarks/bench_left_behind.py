@@ -1,0 +1,130 @@
+"""What the hook leaves on a model after watching it: the training step of a model a tracker watched — its
+sampled and traced steps included — then closed, against identical models it never saw, in one process.
+
+Anything a tracker leaves in torch's C++ state on the model (a tensor hook whose handle was removed but whose
+C++ side stays, an autograd node kept alive) costs every later step of the run, where no code of ours runs
+and no Python-level trace shows it. Models in one process share everything process-wide, so this isolates
+what is left on the watched model itself:
+
+- ``plain``: a model and AdamW the hook never saw (the baseline);
+- ``control``: an identical second one (the A/A noise floor of the comparison);
+- ``watched``: an identical one that a tracker watched for ``--watched`` steps (every one of them in full:
+  not told its samples; ``sample_every`` small, so sampled and traced steps ran), then closed.
+
+Interleaved rounds, one step of each per round, the training thread's CPU time; printed: the median step of
+each and the median of per-round differences to ``plain``, and what the watched model's parameters still
+hold.
+
+Usage: python benchmarks/bench_left_behind.py [--model mlp|llama] [--blocks 8] [--rounds 3000] [--watched 30]
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+import anatomy
+
+
+def build(model_kind: str, blocks: int) -> tuple[torch.nn.Module, torch.optim.Optimizer]:
+    torch.manual_seed(0)  # (identical weights in every arm)
+    model: torch.nn.Module
+    if model_kind == "mlp":
+        model = torch.nn.Sequential(
+            *[
+                torch.nn.Sequential(torch.nn.Linear(64, 64), torch.nn.ReLU(), torch.nn.Linear(64, 64))
+                for _ in range(blocks)
+            ]
+        )
+    else:
+        from transformers import LlamaConfig, LlamaForCausalLM
+
+        cfg = LlamaConfig(
+            vocab_size=1024,
+            hidden_size=64,
+            intermediate_size=256,
+            num_hidden_layers=blocks,
+            num_attention_heads=4,
+            num_key_value_heads=4,
+            max_position_embeddings=32,
+        )
+        model = LlamaForCausalLM(cfg)
+    return model, torch.optim.AdamW(model.parameters(), lr=1e-3)
+
+
+def batch_for(model_kind: str) -> dict[str, torch.Tensor]:
+    g = torch.Generator().manual_seed(1)
+    if model_kind == "mlp":
+        return {"x": torch.randn(16, 64, generator=g)}
+    ids = torch.randint(0, 1024, (4, 32), generator=g)
+    return {"input_ids": ids, "labels": ids.clone()}
+
+
+def train(model: torch.nn.Module, opt: torch.optim.Optimizer, batch: dict[str, torch.Tensor]) -> None:
+    loss = model(batch["x"]).square().mean() if "x" in batch else model(**batch).loss
+    loss.backward()
+    opt.step()
+    opt.zero_grad()
+
+
+def left_on(model: torch.nn.Module) -> dict[str, int]:
+    """Tensor-level hooks the parameters hold (a dict set once stays, even empty: its C++ hook with it)."""
+    params = list(model.parameters())
+    return {
+        "post-accumulate-grad hook dicts": sum(p._post_accumulate_grad_hooks is not None for p in params),
+        "backward hook dicts": sum(p._backward_hooks is not None for p in params),
+        "forward hooks": sum(len(m._forward_hooks) + len(m._forward_pre_hooks) for m in model.modules()),
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--model", choices=("mlp", "llama"), default="mlp")
+    parser.add_argument("--blocks", type=int, default=8, help="MLP blocks or Llama layers")
+    parser.add_argument("--rounds", type=int, default=3000)
+    parser.add_argument("--watched", type=int, default=30, help="steps the tracker watches before it closes")
+    parser.add_argument("--warmup", type=int, default=300)
+    args = parser.parse_args()
+    torch.set_num_threads(1)
+    x = batch_for(args.model)
+    arms: dict[str, tuple[Any, Any]] = {
+        name: build(args.model, args.blocks) for name in ("plain", "control", "watched")
+    }
+    model, opt = arms["watched"]
+    tracker = anatomy.track(model, opt, publish=False, record=False, sample_every=4)
+    for _ in range(args.watched):
+        with tracker.step():
+            train(model, opt, x)
+    tracker.close()
+    for name in ("plain", "control"):  # (the same number of steps behind them)
+        for _ in range(args.watched):
+            train(*arms[name], x)
+    times: dict[str, list[int]] = {name: [] for name in arms}
+    for _ in range(args.warmup + args.rounds):
+        for name, (m, o) in arms.items():
+            c0 = time.thread_time_ns()
+            train(m, o, x)
+            times[name].append(time.thread_time_ns() - c0)
+    w = args.warmup
+    plain = times["plain"][w:]
+    print(
+        f"left behind: {args.model}, {args.blocks} blocks ({sum(1 for _ in model.parameters())} parameters), "
+        f"{args.rounds} rounds, one process, training-thread CPU; watched {args.watched} steps, then closed"
+    )
+    for name in arms:
+        own = times[name][w:]
+        extra = statistics.median(a - b for a, b in zip(own, plain, strict=True)) / 1e3
+        print(f"  {name:8s} step {statistics.median(own) / 1e3:8.1f} µs   extra {extra:+7.1f} µs")
+    print(f"  the watched model holds: {left_on(model)}")
+
+
+if __name__ == "__main__":
+    main()
