@@ -34,7 +34,10 @@ from collections.abc import Callable
 SAMPLE_EVERY = 100  # the op-group profiler runs on one step in this many (after the second step)
 TRACE_EVERY = 5  # the per-op memory trace runs on one sampled step in this many
 WARMUP_REFRESH_STEPS = 3  # weights/gradients/optimizer states re-summed on every one of the first steps
-BUDGET_FRACTION = 0.01  # of the training thread's wall time, for everything beyond the per-step marks
+# Of the training thread's wall time, for everything beyond the per-step marks: half of the 1% the whole hook
+# may cost, the other half left to the marks, the publisher's thread and the garbage they make (with 1% here,
+# every step that rests added to it and no run could come out within 1.01x).
+BUDGET_FRACTION = 0.005
 RECENT_STEPS = 9  # unprofiled steps whose median duration sets the schedule's pace
 
 # The kinds of optional work the budget knows the cost of.
