@@ -215,11 +215,17 @@ class Piece:
             seq = node._sequence_nr()
             if seq < seq0:
                 continue  # an earlier piece's, or made before the step
-            if seq >= seq1 and type(node).__name__ != "AccumulateGrad":
+            accumulator = type(node).__name__ == "AccumulateGrad"
+            if seq >= seq1 and not accumulator:
                 continue
-            # (its handle dropped at once: the hook goes with the graph after backward, and does nothing
-            # once the piece is closed — thousands of handles kept to the step's end made gc work)
-            node.register_prehook(pre)
+            handle = node.register_prehook(pre)
+            if accumulator:
+                # Kept, and removed as the piece closes: a parameter's accumulator outlives the graph where
+                # something holds it (DDP's reducer does, for the whole run), and a hook left there would
+                # run on every later backward, one more per piece.
+                self._handles.append(handle)
+            # (any other node's handle dropped at once: the hook goes with the graph after backward, and does
+            # nothing once the piece is closed — thousands of handles kept to the step's end made gc work)
             self.nodes += 1
             stack.extend(fn for fn, _ in node.next_functions if fn is not None)
 

@@ -108,3 +108,45 @@ def test_pieces_add_up_to_the_whole_steps_op_groups_and_leave_nothing_behind(
     assert not _get_current_dispatch_mode_stack()
     for block in repeated_blocks(model):
         assert not block._forward_pre_hooks and not block._forward_hooks  # (torch keeps them only there)
+
+
+def test_accumulators_held_elsewhere_keep_no_hook_of_ours(monkeypatch: pytest.MonkeyPatch) -> None:
+    """DDP's reducer holds every parameter's gradient accumulator for the whole run, so a hook on one
+    outlives the graph. After episodes of pieces and traced steps, a later backward runs no code of ours
+    (before: one call per parameter per piece that ever ran, for the rest of the run)."""
+    from torch.autograd.graph import get_gradient_edge
+
+    dynamo = sys.modules.get("torch._dynamo")
+    if dynamo is not None:  # (as in the test above)
+        monkeypatch.setitem(dynamo.utils.counters["frames"], "ok", 0)
+    model = _llama()
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    held = [get_gradient_edge(p).node for p in model.parameters()]  # (what DDP's reducer keeps)
+    ids = _ids()
+    pieces = 0
+    original = anatomy.hook.pieces.Piece._hook_backward
+
+    def counted(self: Any, outputs: Any, seq0: int, seq1: int) -> None:
+        nonlocal pieces
+        pieces += 1
+        original(self, outputs, seq0, seq1)
+
+    monkeypatch.setattr(anatomy.hook.pieces.Piece, "_hook_backward", counted)
+    with anatomy.track(model, opt, publish=False, record=False, sample_every=8) as tracker:
+        for _ in range(40):
+            with tracker.step():
+                _step(model, opt, ids)
+    assert pieces > 2, "no episode of pieces ran"
+    calls: list[str] = []
+
+    def profile(frame: Any, event: str, arg: Any) -> None:
+        if event == "call" and "/anatomy/" in frame.f_code.co_filename:
+            calls.append(frame.f_code.co_name)
+
+    sys.setprofile(profile)
+    try:
+        _step(model, opt, ids)
+    finally:
+        sys.setprofile(None)
+    assert calls == []
+    del held  # (held to the end, as DDP holds them)
