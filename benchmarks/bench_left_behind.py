@@ -11,11 +11,15 @@ what is left on the watched model itself:
 - ``watched``: an identical one that a tracker watched for ``--watched`` steps (every one of them in full:
   not told its samples; ``sample_every`` small, so sampled and traced steps ran), then closed.
 
+With ``--hold-accumulators`` every arm holds its parameters' gradient accumulators for the run, as DDP's
+reducer does: a hook on one then outlives the graph.
+
 Interleaved rounds, one step of each per round, the training thread's CPU time; printed: the median step of
 each and the median of per-round differences to ``plain``, and what the watched model's parameters still
 hold.
 
 Usage: python benchmarks/bench_left_behind.py [--model mlp|llama] [--blocks 8] [--rounds 3000] [--watched 30]
+       [--hold-accumulators]
 """
 
 from __future__ import annotations
@@ -92,12 +96,22 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=3000)
     parser.add_argument("--watched", type=int, default=30, help="steps the tracker watches before it closes")
     parser.add_argument("--warmup", type=int, default=300)
+    parser.add_argument(
+        "--hold-accumulators",
+        action="store_true",
+        help="every arm holds its parameters' gradient accumulators for the run, as DDP's reducer does",
+    )
     args = parser.parse_args()
     torch.set_num_threads(1)
     x = batch_for(args.model)
     arms: dict[str, tuple[Any, Any]] = {
         name: build(args.model, args.blocks) for name in ("plain", "control", "watched")
     }
+    held = []
+    if args.hold_accumulators:
+        from torch.autograd.graph import get_gradient_edge
+
+        held = [get_gradient_edge(p).node for m, _ in arms.values() for p in m.parameters()]
     model, opt = arms["watched"]
     tracker = anatomy.track(model, opt, publish=False, record=False, sample_every=4)
     for _ in range(args.watched):
@@ -124,6 +138,8 @@ def main() -> None:
         extra = statistics.median(a - b for a, b in zip(own, plain, strict=True)) / 1e3
         print(f"  {name:8s} step {statistics.median(own) / 1e3:8.1f} µs   extra {extra:+7.1f} µs")
     print(f"  the watched model holds: {left_on(model)}")
+    if held:
+        print(f"  every arm held its {len(held) // len(arms)} gradient accumulators (as DDP's reducer does)")
 
 
 if __name__ == "__main__":
