@@ -37,7 +37,8 @@ Printed per configuration, and as JSON with ``--json``:
   Σ plain over the unsampled rounds (so the work done once per publish interval and the gc it causes are
   in it), plus the sampled work spread over the steps: a profiling episode's extra time in all (its pieces
   over consecutive steps) and a tracing one's, one in ``TRACE_EVERY`` episodes, every ``SAMPLE_EVERY``
-  steps — no more than the hook's time budget (``BUDGET_FRACTION`` of the step) lets them through. (Before
+  steps — no more than the hook's time budget lets sampled steps spend (``BUDGET_FRACTION`` of the step less
+  the cheap kinds' ``RESERVED_SHARE``). (Before
   the pieces: each sampled step's extra over ``SAMPLE_EVERY`` steps, a traced one's over
   ``SAMPLE_EVERY * TRACE_EVERY``; where the run has none, from step 1, an upper bound, marked ``<=``.)
 - **the most any step was held up**, in usual steps: the largest (hooked − plain) of any step, warm-up
@@ -94,7 +95,9 @@ def _budget_fraction() -> float:
     try:
         from anatomy.hook import schedule
 
-        return float(getattr(schedule, "BUDGET_FRACTION", 0.01))
+        # (what sampled steps may spend of it: all but the cheap kinds' reserve)
+        fraction = float(getattr(schedule, "BUDGET_FRACTION", 0.01))
+        return fraction * (1 - float(getattr(schedule, "RESERVED_SHARE", 0.0)))
     except Exception:
         return 0.01
 

@@ -16,7 +16,7 @@ outside steps (evaluation, checkpointing) does not make the per-interval work mo
 All of that optional work also answers to a time budget (:class:`Budget`): the hook measures what each kind of
 work costs it (saved-tensor counting, heap reads, the model-signature walk, re-sums, sampled steps) and runs
 the periodic kinds only while the total stays within ``BUDGET_FRACTION`` of the time the training steps took
-(start to end: waits outside steps give it no room), a quarter of it kept for the cheap kinds
+(start to end: waits outside steps give it no room), a third of it kept for the cheap kinds
 (``RESERVED_SHARE``: a costly sampled step does not hold the re-sums back); a periodic re-sum or sampled step
 that does not fit waits for the first later step that does. A model whose count costs more is counted less
 often; what must run (a shape change, a change the hooks saw) runs regardless and is charged too; the first
@@ -34,10 +34,11 @@ from collections.abc import Callable
 SAMPLE_EVERY = 100  # the op-group profiler runs on one step in this many (after the second step)
 TRACE_EVERY = 5  # the per-op memory trace runs on one sampled step in this many
 WARMUP_REFRESH_STEPS = 3  # weights/gradients/optimizer states re-summed on every one of the first steps
-# Of the training thread's wall time, for everything beyond the per-step marks: half of the 1% the whole hook
-# may cost, the other half left to the marks, the publisher's thread and the garbage they make (with 1% here,
-# every step that rests added to it and no run could come out within 1.01x).
-BUDGET_FRACTION = 0.005
+# Of the training thread's wall time, for everything beyond the per-step marks: three quarters of the 1% the
+# whole hook may cost, the rest left to the marks, the publisher's thread and the garbage they make (with 1%
+# here, every step that rests added to it and no run could come out within 1.01x). Sampled steps may spend
+# two thirds of it (0.5%), the cheap kinds keep the last third (0.25%, as when the budget was 1%).
+BUDGET_FRACTION = 0.0075
 RECENT_STEPS = 9  # unprofiled steps whose median duration sets the schedule's pace
 
 # The kinds of optional work the budget knows the cost of.
@@ -52,7 +53,7 @@ SAMPLED = "sampled"
 # sampled step never spends it, so one costly profiling episode cannot hold the re-sums back for hundreds
 # of steps (an 81 ms episode held 0.45 ms re-sums past a 32-update run's end); the cheap kinds may also use
 # whatever of the rest sampled steps leave.
-RESERVED_SHARE = 0.25
+RESERVED_SHARE = 1 / 3
 
 
 class Budget:

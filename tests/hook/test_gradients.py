@@ -27,9 +27,9 @@ def test_gradient_watcher_counts_gradients_as_they_appear() -> None:
     assert watch.bytes == gradient_bytes(params) == sum(p.numel() * 4 for p in params)
     watch.close()
     # Closed: nothing left behind on the parameters (a tensor's post-accumulate hook would stay in C++ and
-    # take the GIL on every later backward), the accumulators let go, nothing of ours runs again.
+    # take the GIL on every later backward), the parameters let go, nothing of ours runs again.
     assert all(p._post_accumulate_grad_hooks is None and p._backward_hooks is None for p in params)
-    assert watch._nodes == [] and watch._handles == []
+    assert watch._params == []
     calls: list[torch.Tensor] = []
     watch._watch = calls.append  # type: ignore[method-assign,assignment]
     lin2(lin1(torch.randn(8, 16))).sum().backward()
@@ -90,6 +90,6 @@ def test_a_traced_step_leaves_no_gradient_hook_on_the_parameters(monkeypatch: py
             opt.zero_grad()
     tracker.close()
     assert made, "no step was traced"
-    assert all(w._nodes == [] for w in made)
+    assert all(w._params == [] for w in made)
     params = list(model.parameters())
     assert all(p._post_accumulate_grad_hooks is None and p._backward_hooks is None for p in params)

@@ -98,7 +98,7 @@ def test_a_periodic_re_sum_waits_for_the_budget() -> None:
 
 def test_a_costly_sampled_step_does_not_hold_the_re_sums_back() -> None:
     """A profiling episode far over the budget holds the next sampled step back, not the cheap kinds:
-    they keep a quarter of the allowance (``RESERVED_SHARE``), which sampled steps never spend."""
+    they keep a share of the allowance (``RESERVED_SHARE``), which sampled steps never spend."""
     from anatomy.hook.schedule import COUNT, HEAP, RESERVED_SHARE, SAMPLED, Budget
 
     now = [0.0]
