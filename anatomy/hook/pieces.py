@@ -27,12 +27,14 @@ from collections.abc import Callable, Iterable
 from typing import Any
 
 import torch
+from torch.autograd.graph import get_gradient_edge
 from torch.utils._python_dispatch import TorchDispatchMode
 
 # A shorter stack is instrumented whole. Pieces are for deep stacks, where a whole step under an instrument
 # is held up by more than its own duration; in pieces (a run of blocks a step, then the optimizer on a
 # step of its own) a 4-layer Llama's first trace was complete only on step 5, after a 4-step job ended.
 MIN_BLOCKS = 8
+_MARK = "anatomy-top: held?"  # (a gradient accumulator's metadata key, for as long as held_accumulators asks)
 _SEQUENCE_NR: Callable[[], int] | None = getattr(torch._C._autograd, "_get_sequence_nr", None)
 # Pushes a mode on the dispatch stack and nothing else (TorchDispatchMode.__enter__ keeps Python-side
 # flags its __exit__ restores; in a node, autograd's own restore takes the mode off, not an __exit__).
@@ -67,6 +69,27 @@ def _grad_fns(value: Any, out: list[Any], depth: int = 4) -> None:
             _grad_fns(v, out, depth - 1)
 
 
+def held_accumulators(params: Iterable[torch.Tensor]) -> frozenset[int]:
+    """``id()`` of the parameters whose gradient accumulator something holds now (DDP's reducer, a graph
+    still alive): asked for, marked and let go, an accumulator nobody else holds is gone, and the next one
+    asked for is new; a held one comes back with its mark."""
+    held = []
+    for p in params:
+        try:
+            if not isinstance(p, torch.Tensor) or not p.requires_grad or p.grad_fn is not None:
+                continue
+            node: Any = get_gradient_edge(p).node  # (its metadata: a dict, whatever the stubs say)
+            node.metadata[_MARK] = True
+            del node
+            node = get_gradient_edge(p).node
+            if node.metadata.pop(_MARK, False):
+                held.append(id(p))
+            del node
+        except Exception:  # (a tensor type autograd gives no accumulator here: nothing to hook either)
+            continue
+    return frozenset(held)
+
+
 class Piece:
     """One sampled step's piece: ``mode`` (a dispatch mode: the profiler or the trace) over blocks
     ``first`` to ``stop`` of ``blocks`` (0 to ``len(blocks)``: the model's whole forward), forward and
@@ -94,6 +117,7 @@ class Piece:
         self._live = False
         self.nodes = 0  # autograd nodes of the piece's backward, hooked
         self.failed = False
+        self._held: frozenset[int] = frozenset()  # id() of parameters whose accumulator outlives graphs
 
     def modules(self, model: torch.nn.Module) -> Iterable[torch.nn.Module]:
         """The modules whose forward runs in this piece: its blocks' (and at the model's ends, every module
@@ -119,10 +143,13 @@ class Piece:
 
     # -- the step's boundaries ----------------------------------------------------------------------
 
-    def open(self) -> None:
+    def open(self, params: Iterable[torch.Tensor] = ()) -> None:
+        """The step begins; ``params``: the piece's parameters, whose gradient accumulators something may
+        hold beyond a graph (then the piece's backward leaves them unhooked)."""
         self._live = True
         if self.optimizer:
             return
+        self._held = held_accumulators(params)
         n = len(self.blocks)
         hook = self._wrap(self._block_starts)
         for index in {self.first, self.stop} - {0, n}:  # the model's own hooks are the tracker's
@@ -218,11 +245,13 @@ class Piece:
             accumulator = type(node).__name__ == "AccumulateGrad"
             if seq >= seq1 and not accumulator:
                 continue
+            if accumulator and id(getattr(node, "variable", None)) in self._held:
+                # (held beyond the graph — DDP's reducer holds them for the whole run: a hook there stays in
+                # C++ even once removed and would take the GIL on every later backward; its accumulation
+                # runs outside the piece's mode)
+                continue
             handle = node.register_prehook(pre)
-            if accumulator:
-                # Kept, and removed as the piece closes: a parameter's accumulator outlives the graph where
-                # something holds it (DDP's reducer does, for the whole run), and a hook left there would
-                # run on every later backward, one more per piece.
+            if accumulator:  # (kept, and removed as the piece closes: held by someone now, it may outlive us)
                 self._handles.append(handle)
             # (any other node's handle dropped at once: the hook goes with the graph after backward, and does
             # nothing once the piece is closed — thousands of handles kept to the step's end made gc work)

@@ -81,7 +81,7 @@ class SampledSteps(Attachment):
             plan = self._plan = PiecePlan(blocks, per)
         first, stop, optimizer = plan.next()
         piece = Piece(mode, blocks, first, stop, optimizer=optimizer, wrap=outside_compile)
-        piece.open()
+        piece.open(p for m in piece.modules(self.model) for p in m.parameters(recurse=False))
         return piece
 
     def _piece_done(self, rec: StepRecord, kind: str) -> bool:

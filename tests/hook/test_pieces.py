@@ -150,3 +150,20 @@ def test_accumulators_held_elsewhere_keep_no_hook_of_ours(monkeypatch: pytest.Mo
         sys.setprofile(None)
     assert calls == []
     del held  # (held to the end, as DDP holds them)
+
+
+def test_held_accumulators_are_those_something_else_keeps() -> None:
+    """A parameter's gradient accumulator is held while DDP's reducer or a graph still alive keeps it; asking
+    leaves none made and no mark behind."""
+    from torch.autograd.graph import get_gradient_edge
+
+    from anatomy.hook.pieces import _MARK, held_accumulators
+
+    free, kept, graphed, frozen = (torch.nn.Parameter(torch.randn(3)) for _ in range(4))
+    frozen.requires_grad_(False)
+    node = get_gradient_edge(kept).node
+    out = (graphed * 2).sum()
+    assert held_accumulators([free, kept, graphed, frozen]) == {id(kept), id(graphed)}
+    assert _MARK not in node.metadata
+    del out
+    assert held_accumulators([graphed]) == frozenset()
