@@ -4,30 +4,15 @@ Shape only, never timing: a few rounds, one process per arm, not pinned."""
 
 from __future__ import annotations
 
-import os
 import re
-import subprocess
-import sys
-from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[2]
+from tests.hook.bench_runs import run_benchmark
 
 
 def test_smallest_configuration_prints_every_arm() -> None:
-    proc = subprocess.run(
-        [
-            sys.executable,
-            str(ROOT / "benchmarks" / "bench_hook_floor.py"),
-            *("--rounds", "3", "--warmup", "2", "--procs", "1", "--cpu", "-1"),
-        ],
-        env={**os.environ, "PYTHONPATH": str(ROOT)},
-        capture_output=True,
-        text=True,
-        timeout=300,
-        cwd=ROOT,
+    lines = run_benchmark(
+        "bench_hook_floor.py", *("--rounds", "3", "--warmup", "2", "--procs", "1", "--cpu", "-1")
     )
-    assert proc.returncode == 0, proc.stderr
-    lines = proc.stdout.splitlines()
     assert lines[0].startswith("hook floor: 2-block MLP, 3 rounds, 1 processes per arm, not pinned"), lines
     arms = [
         re.match(r"\s+(\w+)\s+step\s+([\d.]+) µs\s+extra\s+([+-][\d.]+) µs\s+per process ([+-]\d+)", line)

@@ -6,30 +6,15 @@ Shape and what is left only, never timing: a few rounds."""
 from __future__ import annotations
 
 import ast
-import os
 import re
-import subprocess
-import sys
-from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[2]
+from tests.hook.bench_runs import run_benchmark
 
 
 def test_a_closed_tracker_leaves_nothing_on_the_model_it_watched() -> None:
-    proc = subprocess.run(
-        [
-            sys.executable,
-            str(ROOT / "benchmarks" / "bench_left_behind.py"),
-            *("--blocks", "2", "--rounds", "5", "--warmup", "2", "--watched", "12"),
-        ],
-        env={**os.environ, "PYTHONPATH": str(ROOT)},
-        capture_output=True,
-        text=True,
-        timeout=300,
-        cwd=ROOT,
+    lines = run_benchmark(
+        "bench_left_behind.py", *("--blocks", "2", "--rounds", "5", "--warmup", "2", "--watched", "12")
     )
-    assert proc.returncode == 0, proc.stderr
-    lines = proc.stdout.splitlines()
     assert lines[0].startswith("left behind: mlp, 2 blocks (8 parameters), 5 rounds"), lines
     arms = [re.match(r"\s+(\w+)\s+step\s+([\d.]+) µs\s+extra\s+([+-][\d.]+) µs", line) for line in lines[1:4]]
     assert [m.group(1) for m in arms if m] == ["plain", "control", "watched"], lines
