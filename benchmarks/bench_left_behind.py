@@ -6,7 +6,8 @@ C++ side stays, an autograd node kept alive) costs every later step of the run, 
 and no Python-level trace shows it. Models in one process share everything process-wide, so this isolates
 what is left on the watched model itself:
 
-- ``plain``: a model and AdamW the hook never saw (the baseline);
+- ``plain``: a model and AdamW the hook never saw (the baseline; ``bench_hook_sweep.py``'s model and batch at
+  width 64);
 - ``control``: an identical second one (the A/A noise floor of the comparison);
 - ``watched``: an identical one that a tracker watched for ``--watched`` steps (every one of them in full:
   not told its samples; ``sample_every`` small, so sampled and traced steps ran), then closed.
@@ -34,47 +35,27 @@ from typing import Any
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from bench_hook_sweep import Config, _batch_size, _build, _loss, _sample
 
 import anatomy
 
 
-def build(model_kind: str, blocks: int) -> tuple[torch.nn.Module, torch.optim.Optimizer]:
-    torch.manual_seed(0)  # (identical weights in every arm)
-    model: torch.nn.Module
-    if model_kind == "mlp":
-        model = torch.nn.Sequential(
-            *[
-                torch.nn.Sequential(torch.nn.Linear(64, 64), torch.nn.ReLU(), torch.nn.Linear(64, 64))
-                for _ in range(blocks)
-            ]
-        )
-    else:
-        from transformers import LlamaConfig, LlamaForCausalLM
-
-        cfg = LlamaConfig(
-            vocab_size=1024,
-            hidden_size=64,
-            intermediate_size=256,
-            num_hidden_layers=blocks,
-            num_attention_heads=4,
-            num_key_value_heads=4,
-            max_position_embeddings=32,
-        )
-        model = LlamaForCausalLM(cfg)
+def build(config: Config) -> tuple[torch.nn.Module, torch.optim.Optimizer]:
+    """The sweep's model (identical weights in every arm) and AdamW."""
+    model = _build(config)
     return model, torch.optim.AdamW(model.parameters(), lr=1e-3)
 
 
-def batch_for(model_kind: str) -> dict[str, torch.Tensor]:
-    g = torch.Generator().manual_seed(1)
-    if model_kind == "mlp":
-        return {"x": torch.randn(16, 64, generator=g)}
-    ids = torch.randint(0, 1024, (4, 32), generator=g)
-    return {"input_ids": ids, "labels": ids.clone()}
+def batch_for(config: Config) -> dict[str, torch.Tensor]:
+    """The sweep's batch: its one sample, stacked."""
+    n = _batch_size(config)
+    return {k: torch.stack([v] * n) for k, v in _sample(config).items()}
 
 
 def train(model: torch.nn.Module, opt: torch.optim.Optimizer, batch: dict[str, torch.Tensor]) -> None:
-    loss = model(batch["x"]).square().mean() if "x" in batch else model(**batch).loss
-    loss.backward()
+    _loss(model, batch).backward()
     opt.step()
     opt.zero_grad()
 
@@ -103,10 +84,9 @@ def main() -> None:
     )
     args = parser.parse_args()
     torch.set_num_threads(1)
-    x = batch_for(args.model)
-    arms: dict[str, tuple[Any, Any]] = {
-        name: build(args.model, args.blocks) for name in ("plain", "control", "watched")
-    }
+    config = Config(loop="plain", model=args.model, depth=args.blocks, width=64)
+    x = batch_for(config)
+    arms: dict[str, tuple[Any, Any]] = {name: build(config) for name in ("plain", "control", "watched")}
     held = []
     if args.hold_accumulators:
         from torch.autograd.graph import get_gradient_edge
