@@ -39,6 +39,9 @@ class Throughput:
         self.op_groups: dict[OpGroup, OpGroupStat] | None = None
         self.op_groups_step: int | None = None
         self.step_flops: float | None = None
+        # The steps are timed on the device (CUDA events): a step on the host clock alone (an ordinary step
+        # the device did not time, promoted) leaves the device's times as they are.
+        self.on_device = False
 
     @property
     def pending(self) -> int:
@@ -52,7 +55,7 @@ class Throughput:
     def ready(self, rec: StepRecord) -> None:
         """``rec``'s host clock is the newest one (a step that ended without this class: its timing is
         taken from it at the next build)."""
-        if not rec.clock.cuda and Feature.TIMING not in self._guard.off:
+        if not rec.clock.cuda and not self.on_device and Feature.TIMING not in self._guard.off:
             self._ready = (rec, rec.clock)
 
     @property
@@ -69,6 +72,8 @@ class Throughput:
         if Feature.TIMING in self._guard.off:
             return
         clock = rec.clock
+        if not clock.cuda and self.on_device:
+            return
         if clock.cuda or self._pending_clocks:  # device times: read once the device has caught up
             self._pending_clocks.append((rec, clock))
             return

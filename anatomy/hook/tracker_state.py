@@ -108,7 +108,8 @@ class TrackerState:
     _batch_shape: tuple[int, ...] | None  # the first batch tensor's, for `plan --like`
     _target_shape: tuple[int, ...] | None  # the first batch's labels', likewise
     _plain_ok: bool  # the next ordinary step may begin and end in O(1) (StepRecord.plain)
-    _lean_on_device: bool  # ordinary steps record CUDA events beside their host times
+    _lean_on_device: bool  # ordinary steps are timed by CUDA events (some of them: _device_due)
+    _device_due: float  # perf_counter time from which the next ordinary step records its CUDA events
     _clock_ring: ClockRing  # their clocks, made once and used again
     _lean_check: Callable[[], bool] | None  # an ordinary step's one allocator read, at its end (CUDA)
     # Whether an ordinary step may run with every hook of ours off (``ok``: anatomy.hook.lean's REST

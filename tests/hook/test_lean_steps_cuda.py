@@ -83,7 +83,10 @@ class CompletedEvent:
         return (end.t - self.t) * 1000.0
 
 
-def _stand_ins(monkeypatch: pytest.MonkeyPatch) -> OpCountingAllocator:
+def _stand_ins(monkeypatch: pytest.MonkeyPatch, every_s: float = 0.0) -> OpCountingAllocator:
+    """CUDA's stand-ins; ``every_s``: how long after a step the device timed the next one is timed (0.0:
+    every step, as these tests compare the lean way with the full one step by step)."""
+    monkeypatch.setattr(ordinary, "DEVICE_EVERY_S", every_s)
     monkeypatch.setattr(torch.cuda, "Event", CompletedEvent)
     alloc = OpCountingAllocator()
     monkeypatch.setattr(torch.cuda, "memory_stats_as_nested_dict", alloc.memory_stats_as_nested_dict)
@@ -124,9 +127,11 @@ def _usual(model: torch.nn.Module, opt: torch.optim.Optimizer, x: torch.Tensor, 
     opt.zero_grad()
 
 
-def _run(lean: bool, monkeypatch: pytest.MonkeyPatch) -> tuple[list[dict[str, Any]], OpCountingAllocator]:
+def _run(
+    lean: bool, monkeypatch: pytest.MonkeyPatch, every_s: float = 0.0
+) -> tuple[list[dict[str, Any]], OpCountingAllocator]:
     monkeypatch.setattr(ordinary, "ORDINARY_IN_O1", lean)
-    alloc = _stand_ins(monkeypatch)
+    alloc = _stand_ins(monkeypatch, every_s)
     torch.manual_seed(0)
     model = torch.nn.Sequential(torch.nn.Linear(16, 16), torch.nn.ReLU(), torch.nn.Linear(16, 1))
     opt = torch.optim.SGD(model.parameters(), lr=1e-3)
@@ -146,6 +151,7 @@ def _run(lean: bool, monkeypatch: pytest.MonkeyPatch) -> tuple[list[dict[str, An
     step(lambda: _usual(model, opt, wide))  # a new batch shape
     for _ in range(4):
         step(lambda: _usual(model, opt, x))
+
     def two_forwards() -> None:
         model(x).sum().backward()
         _usual(model, opt, x)
@@ -220,7 +226,10 @@ def _run(lean: bool, monkeypatch: pytest.MonkeyPatch) -> tuple[list[dict[str, An
     return history, alloc
 
 
-def test_cuda_steps_come_out_as_the_full_way_makes_them(monkeypatch: pytest.MonkeyPatch) -> None:
+@pytest.mark.parametrize("every_s", [0.0, 3600.0], ids=["every-step-timed", "one-step-timed"])
+def test_cuda_steps_come_out_as_the_full_way_makes_them(
+    monkeypatch: pytest.MonkeyPatch, every_s: float
+) -> None:
     full, full_alloc = _run(False, monkeypatch)
     promoted: dict[int, int] = {}
     real = OrdinarySteps._promote
@@ -230,7 +239,7 @@ def test_cuda_steps_come_out_as_the_full_way_makes_them(monkeypatch: pytest.Monk
         return real(self)
 
     monkeypatch.setattr(OrdinarySteps, "_promote", spy)
-    lean, lean_alloc = _run(True, monkeypatch)
+    lean, lean_alloc = _run(True, monkeypatch, every_s)
     assert [s["step"] for s in lean] == [s["step"] for s in full] == list(range(len(full)))
     for a, b in zip(lean, full, strict=True):
         assert a == b, a["step"]
@@ -388,3 +397,78 @@ def test_a_clock_used_again_records_its_own_events_again() -> None:
     again = [ev for _, ev in clock.marks]
     assert again[:4] == events and again[4] not in events  # the fifth mark: a new event, kept from then on
     assert len({id(ev) for ev in again}) == 5
+
+
+def _steps(tracker: anatomy.Tracker, alloc: OpCountingAllocator, n: int, extra: int = 0) -> None:
+    model, opt = tracker.model, tracker._optimizer
+    assert opt is not None
+    x = torch.randn(8, 16)
+    for _ in range(n):
+        alloc.new_step()
+        with alloc, tracker.step():
+            _usual(model, opt, x, extra)
+
+
+def _small() -> tuple[torch.nn.Module, torch.optim.Optimizer]:
+    model = torch.nn.Sequential(torch.nn.Linear(16, 16), torch.nn.ReLU(), torch.nn.Linear(16, 1))
+    return model, torch.optim.SGD(model.parameters(), lr=1e-3)
+
+
+def test_ordinary_cuda_steps_between_timed_ones_record_no_events(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A step records its events only where DEVICE_EVERY_S passed since the last step that did; the others
+    read the allocator once, as every ordinary step does, and their rows carry the newest device times."""
+    alloc = _stand_ins(monkeypatch, every_s=3600.0)
+    model, opt = _small()
+    tracker = _tracker(model, opt)
+    _steps(tracker, alloc, 6)  # (the first ordinary step among them timed: none before it was)
+    before, timed_step = tracker.latest, tracker.throughput.timing_step
+    reads, events = alloc.reads, CompletedEvent.recorded
+    _steps(tracker, alloc, 20)
+    untimed = tracker.latest
+    assert CompletedEvent.recorded == events  # no event on the 20 steps
+    assert alloc.reads - reads == 20  # the memory still read at every step's end
+    assert before is not None and untimed is not None and untimed.step == before.step + 20
+    assert untimed.timing == before.timing and tracker.throughput.timing_step == timed_step
+    tracker._device_due = 0.0  # as if the time had passed
+    _steps(tracker, alloc, 3)
+    snap = tracker.latest
+    tracker.close()
+    assert CompletedEvent.recorded - events == 6  # one step timed: its six marks
+    assert snap is not None and tracker.throughput.timing_step == untimed.step + 1
+    assert snap.timing != before.timing and snap.timing.step_s and snap.timing.forward_s
+
+
+def test_a_promoted_step_the_device_did_not_time_keeps_the_device_times(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """An untimed ordinary step that becomes a record (a new high) goes the full way on the host clock: its
+    host times (launches, not the device's work) are never published as the step's times."""
+    alloc = _stand_ins(monkeypatch, every_s=3600.0)
+    model, opt = _small()
+    tracker = _tracker(model, opt)
+    _steps(tracker, alloc, 6)
+    before, timed_step = tracker.latest, tracker.throughput.timing_step
+    _steps(tracker, alloc, 1, extra=6)  # a new high: seen at the end, the step promoted
+    high = tracker.latest
+    _steps(tracker, alloc, 2)
+    tracker.close()
+    assert before is not None and high is not None and high.peak_bytes > before.peak_bytes
+    assert high.step == before.step + 1 and high.timing == before.timing
+    assert tracker.throughput.timing_step == timed_step
+
+
+def test_ordinary_cuda_steps_are_timed_about_every_device_every_s(monkeypatch: pytest.MonkeyPatch) -> None:
+    alloc = _stand_ins(monkeypatch, every_s=0.02)
+    model, opt = _small()
+    tracker = _tracker(model, opt)
+    _steps(tracker, alloc, 6)
+    events, steps = CompletedEvent.recorded, 0
+    began = time.perf_counter()
+    while time.perf_counter() - began < 0.3:
+        _steps(tracker, alloc, 1)
+        steps += 1
+    elapsed = time.perf_counter() - began
+    tracker.close()
+    timed = (CompletedEvent.recorded - events) / 6
+    assert timed == int(timed) and 1 <= timed <= elapsed / 0.02 + 1
+    assert timed < steps / 2
