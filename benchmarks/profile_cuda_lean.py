@@ -6,7 +6,7 @@ what it read where it failed), then ``cProfile`` of the same steps with and with
 its time per step with the hook minus without (the largest both ways). Needs a GPU; without one it says so
 and exits 0 (``--device cpu`` runs it on the CPU, for the script's own sake).
 
-Usage: python benchmarks/profile_cuda_lean.py [--steps 300] [--device cuda]
+Usage: python benchmarks/profile_cuda_lean.py [--steps 300] [--device cuda] [--told]
 """
 
 from __future__ import annotations
@@ -27,6 +27,7 @@ import torch
 import anatomy
 from anatomy.hook.backend import CudaBackend
 from anatomy.hook.ordinary import OrdinarySteps
+from anatomy.hook.resting import RestingSteps
 from anatomy.hook.snapshots import StepSnapshots
 
 COUNTS: collections.Counter[str] = collections.Counter()
@@ -46,6 +47,10 @@ def _counted(cls: type, name: str) -> None:
         return out
 
     setattr(cls, name, counting)
+
+
+# What a step is told with --told (the README's loop): samples, and tokens where the batch has them.
+TOLD = {"mlp": {"samples": 4}, "llama": {"samples": 4, "tokens": 4 * 32}}
 
 
 def _model(kind: str, dev: torch.device) -> tuple[torch.nn.Module, Callable[[], torch.Tensor]]:
@@ -82,6 +87,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
     ap.add_argument("--steps", type=int, default=300)
     ap.add_argument("--device", default="cuda")
+    ap.add_argument("--told", action="store_true", help="steps told their samples and tokens (they may rest)")
     args = ap.parse_args()
     dev = torch.device(args.device)
     if dev.type == "cuda" and not torch.cuda.is_available():
@@ -94,6 +100,7 @@ def main() -> None:
         (StepSnapshots, "_build"),
         (StepSnapshots, "_repeat"),
         (CudaBackend, "lean_steady"),
+        (RestingSteps, "_rest_begin"),
     ]:
         _counted(cls, name)
     n = args.steps
@@ -110,8 +117,9 @@ def main() -> None:
                 opt: torch.optim.Optimizer = opt,
                 loss: Callable[[], torch.Tensor] = loss,
                 tracker: anatomy.Tracker | None = tracker,
+                told: dict[str, int] = TOLD[kind] if args.told else {},
             ) -> None:
-                with tracker.step() if tracker is not None else contextlib.nullcontext():
+                with tracker.step(**told) if tracker is not None else contextlib.nullcontext():
                     loss().backward()
                     opt.step()
                     opt.zero_grad(set_to_none=True)

@@ -40,6 +40,9 @@ class FrameworkCalls(PhaseHooks):
         self._no_rest = True  # the framework's forward marks are the step's: the hooks watch every one
         self._gate.close()
         lean = self._lean
+        unseen = lean.forward_pre != lean.forward_pre  # (NaN: a resting step's forward, no framework's)
+        if lean.active and lean.resting and lean.stage == FORWARD_DONE and unseen:
+            lean.stage = BEGUN  # (a resting step: this forward is its first, the framework's marks time it)
         if lean.active and lean.stage != BEGUN:
             self._promote()
         if not self.enabled or (self._step is None and not lean.active):

@@ -116,8 +116,8 @@ class LeanStep:
         self.backward_ended = 0.0  # a framework's backward end (0.0: none; the optimizer's start ends it)
         # Begun with every hook of ours off (FORWARD_DONE from the start, no forward times: NaN).
         self.resting = False
-        # A resting step's probe parameter's version counter at its start (its update moves it: no
-        # optimizer hook of ours runs on a resting step).
+        # The probe parameter's version counter at the step's start (its update moves it: no optimizer hook
+        # of ours runs on a resting step; a record made of the step may let the next ones rest).
         self.version = 0
 
     def learn_shape(self, shape: tuple[int, ...] | None) -> None:
@@ -149,13 +149,13 @@ class LeanStep:
             rec.optimizer_ran = rec.in_optimizer = rec.updated = rec.suspended = False
             rec.recall = rec.counting = rec.window = rec.closure = False
             rec.blocks = 1
-            rec.version = -1
             rec.clock.marks.clear()
         else:
             rec = StepRecord(index, auto, samples, tokens, StepClock(False))
             rec.quiet = rec.plain = True
             rec.heap_on = False
         rec.opt_begin, rec.grads_begin, rec.started = self.opt_begin, self.grads_begin, self.started
+        rec.version = self.version
         marks: list[tuple[str, object]] = [] if device is not None else rec.clock.marks
         marks.append((BEGIN, self.started))
         stage = self.stage

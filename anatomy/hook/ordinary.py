@@ -76,7 +76,8 @@ class OrdinarySteps(StepSnapshots):
                     self._lean_other = self._lean
                     self._lean = lean
                     lean.index, lean.auto, lean.samples, lean.tokens = index, auto, samples, tokens
-                    lean.stage = BEGUN
+                    lean.version = probe._version  # (its update moves it: a record made of it may let
+                    lean.stage = BEGUN  # the next steps rest)
                     lean.framework = lean.closure = False
                     lean.depth = 0
                     lean.backward_ended = 0.0
@@ -94,7 +95,10 @@ class OrdinarySteps(StepSnapshots):
                     lean.started = perf_counter()
                     lean.resting = False  # (a resting step begins in RestingSteps._rest_begin)
                     if self._resting:  # (this step watches its forward: the hooks back)
+                        rest = self._gate.ok
                         self._hooks_on()
+                        if lean.clock is not None and not self._compile_safe:
+                            self._gate.ok = rest  # (a step the device times: the next ones rest again)
                     return
             self._gate.close()  # (a step ended in full says again whether the next ones rest)
             if self._resting:  # a step the hooks watch in full: its forward too

@@ -10,7 +10,10 @@ the probe parameter, the samples and gradients the last build had. That the opti
 step learns from the probe parameter's version counter (the update moves it in place; the step that
 allowed resting saw it move): it then ends in O(1) as any ordinary step does
 (:meth:`~anatomy.hook.ordinary.OrdinarySteps._end_ordinary`). Its row has the step's time alone: the reader
-shows the last build's forward, backward and optimizer times scaled to it (:mod:`anatomy.step_feed`).
+shows the last build's forward, backward and optimizer times scaled to it (:mod:`anatomy.step_feed`). On
+CUDA its row has the newest times the device resolved (a step the device times is watched: every tenth of
+the publish interval, at most 50 ms, one step goes the lean way with our hooks on), and the allocator is
+read once at its end, as on every ordinary CUDA step.
 
 After a big step the hook's code and data are cold in the CPU caches and every line and every object touched
 costs, so whatever can change between two looks closes the gate where it happens (``gate.ok = 0``: a
@@ -65,6 +68,8 @@ class RestingSteps(OrdinarySteps):
             lean = self._lean_other  # (the two alternate: the one that ended stays readable)
             if index >= gate.until or self._lean.active:
                 return False
+            if self._lean_on_device and perf_counter() >= self._device_due:
+                return False  # (a step the device times: our hooks mark its phases, on the lean way)
             if (samples if samples is not None else gate.default_samples) != gate.samples:
                 return False
             if tokens is None and gate.need_tokens:
@@ -151,15 +156,16 @@ class RestingSteps(OrdinarySteps):
 
     def _rest_kind(self, rec: StepRecord) -> int:
         """May the next ordinary steps run with every hook of ours off, after ``rec`` ended in full?
-        Only on the host clock, in a loop that marks its steps and whose tracked optimizer's hooks mark the
-        update, nothing compiled, no framework marking the forward, and ``rec`` the usual step: one forward,
+        In a loop that marks its steps and whose tracked optimizer's hooks mark the update (on CUDA
+        between the steps the device times, which are watched: anatomy.hook.ordinary's DEVICE_EVERY_S),
+        nothing compiled, no framework marking the forward, and ``rec`` the usual step: one forward,
         watched, one update, no closure. A resting step's samples and tokens come from the step or the
         tracker's defaults, never from the batch (a batch of another shape would go unseen): the step must
         be given what no default names — its tokens too, unless ``rec``'s batch had none (floats, or one
         dimension: none whatever its shape)."""
         if not (self._plain_ok and self._explicit and self._opt_handles and self._handles) or self._no_rest:
             return REST_NEVER
-        if self._lean_on_device or self._compile_safe or not REST_ON or self._closed:
+        if self._compile_safe or not REST_ON or self._closed:
             return REST_NEVER
         if self._compiled():  # (compiled in this step: the next step's begin looks, its hooks wrapped)
             return REST_NEVER

@@ -127,9 +127,13 @@ def _usual(model: torch.nn.Module, opt: torch.optim.Optimizer, x: torch.Tensor, 
     opt.zero_grad()
 
 
+CLOSURE_STEP = [-1]  # the index of _run's step whose optimizer takes a closure
+
+
 def _run(
-    lean: bool, monkeypatch: pytest.MonkeyPatch, every_s: float = 0.0
+    lean: bool, monkeypatch: pytest.MonkeyPatch, every_s: float = 0.0, told: bool = False
 ) -> tuple[list[dict[str, Any]], OpCountingAllocator]:
+    """Steps of every kind; ``told``: the usual ones told their samples (so that they may rest)."""
     monkeypatch.setattr(ordinary, "ORDINARY_IN_O1", lean)
     alloc = _stand_ins(monkeypatch, every_s)
     torch.manual_seed(0)
@@ -138,9 +142,9 @@ def _run(
     tracker = _tracker(model, opt)
     x, wide = torch.randn(8, 16), torch.randn(12, 16)
 
-    def step(body: Callable[[], None]) -> None:
+    def step(body: Callable[[], None], samples: int = 8) -> None:
         alloc.new_step()
-        with alloc, tracker.step():
+        with alloc, tracker.step(samples=samples if told else None):
             body()
 
     for _ in range(8):
@@ -148,7 +152,7 @@ def _run(
     step(lambda: _usual(model, opt, x, extra=6))  # a new high on a step the lean path began
     for _ in range(4):
         step(lambda: _usual(model, opt, x))
-    step(lambda: _usual(model, opt, wide))  # a new batch shape
+    step(lambda: _usual(model, opt, wide), 12)  # a new batch shape
     for _ in range(4):
         step(lambda: _usual(model, opt, x))
 
@@ -156,11 +160,11 @@ def _run(
         model(x).sum().backward()
         _usual(model, opt, x)
 
-    step(two_forwards)
+    step(two_forwards, 16)
     for _ in range(4):
         step(lambda: _usual(model, opt, x))
     for _ in range(3):  # gradient accumulation: every step two forwards
-        step(two_forwards)
+        step(two_forwards, 16)
     for _ in range(3):
         step(lambda: _usual(model, opt, x))
 
@@ -174,6 +178,7 @@ def _run(
         opt.step(closure)
         opt.zero_grad()
 
+    CLOSURE_STEP[0] = tracker._steps_done
     step(closure_step)
     for _ in range(3):
         step(lambda: _usual(model, opt, x))
@@ -472,3 +477,68 @@ def test_ordinary_cuda_steps_are_timed_about_every_device_every_s(monkeypatch: p
     timed = (CompletedEvent.recorded - events) / 6
     assert timed == int(timed) and 1 <= timed <= elapsed / 0.02 + 1
     assert timed < steps / 2
+
+
+@pytest.mark.parametrize("every_s", [0.0, 3600.0], ids=["every-step-timed", "one-step-timed"])
+def test_cuda_steps_told_their_samples_rest_and_come_out_as_the_full_way_makes_them(
+    monkeypatch: pytest.MonkeyPatch, every_s: float
+) -> None:
+    full, full_alloc = _run(False, monkeypatch, told=True)
+    rested: list[int] = []
+    real = OrdinarySteps._end_ordinary
+
+    def spy(self: Any, *args: Any) -> bool:
+        ended = real(self, *args)
+        if ended and len(args) == 15 and args[14]:  # (its last argument: resting)
+            rested.append(args[0])
+        return ended
+
+    monkeypatch.setattr(OrdinarySteps, "_end_ordinary", spy)
+    lean, lean_alloc = _run(True, monkeypatch, every_s, told=True)
+    assert [s["step"] for s in lean] == [s["step"] for s in full] == list(range(len(full)))
+    for a, b in zip(lean, full, strict=True):
+        if a["step"] == CLOSURE_STEP[0] and every_s:
+            # A resting step sees its closure only at its end (the allocator then not as the last step
+            # left it): the full way's reading at the closure's forward is not there, and what that
+            # reading would have told, how the step's bytes split between temporaries and what was held
+            # before it, may differ; its peak, phase and totals do not.
+            a, b = ({k: v for k, v in s.items() if k not in ("memory", "at_peak")} for s in (a, b))
+        assert a == b, a["step"]
+    if every_s:
+        assert len(rested) >= 5, rested  # usual steps between the special ones rest
+    else:
+        assert rested == []  # every step timed on the device: every one watched
+    assert lean_alloc.reads < 0.6 * full_alloc.reads
+
+
+def test_resting_cuda_steps_read_the_allocator_and_a_step_the_device_times_is_watched(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    alloc = _stand_ins(monkeypatch, every_s=3600.0)
+    model, opt = _small()
+    tracker = _tracker(model, opt)
+    x = torch.randn(8, 16)
+    watched: list[bool] = []
+
+    def steps(n: int) -> None:
+        for _ in range(n):
+            alloc.new_step()
+            with alloc, tracker.step(samples=8):
+                watched.append(bool(model._forward_pre_hooks))
+                _usual(model, opt, x)
+
+    steps(6)
+    reads, events = alloc.reads, CompletedEvent.recorded
+    steps(20)
+    rested = tracker.latest
+    tracker._device_due = 0.0  # as if the time had passed: the next step is timed, watched
+    steps(5)
+    snap = tracker.latest
+    tracker.close()
+    assert not any(watched[6:26]) and watched[26] and not any(watched[27:]), watched
+    assert alloc.reads - reads == 25  # one read at every step's end, resting or not
+    assert CompletedEvent.recorded - events == 6  # the one timed step's marks
+    assert rested is not None and snap is not None and snap.step == 30
+    assert tracker.throughput.timing_step == 26 and snap.timing != rested.timing
+    assert snap.timing.forward_s and snap.timing.backward_s and snap.timing.optimizer_s
+    assert snap.peak_bytes == alloc.peak
