@@ -12,8 +12,10 @@ optimizer begin and end, which the usual step already marks), a backward end, an
 without an update — makes the step a record (:meth:`LeanStep.record`: exactly the record the
 general path would hold at that point) and the general path goes on from there.
 
-On CUDA the step's times are the device's: each stage also records a CUDA event on the step's ``clock``
-(one of :class:`~anatomy.hook.timing.ClockRing`'s, its events made once), which goes to the throughput's queue
+On CUDA the step's times are the device's: on a step the device times (one every tenth of the publish
+interval, at most 50 ms: :data:`~anatomy.hook.ordinary.DEVICE_EVERY_S`; ``clock`` None on the others, whose
+rows carry the newest device times) each stage also records a CUDA event on the step's ``clock`` (one of
+:class:`~anatomy.hook.timing.ClockRing`'s, its events made once), which goes to the throughput's queue
 with every other step's and is read once the device has caught up; and the allocator is read once, at the
 step's end (:meth:`~anatomy.hook.backend.CudaBackend.lean_steady`), where the full way reads it at every phase
 boundary. A lean CUDA step that becomes a record reads it there and goes on from the last reading step's

@@ -3,8 +3,9 @@
 A step begins in :meth:`OrdinarySteps._begin`: the schedule's checks, the re-sums, the heap's first read
 and a sampled step's instruments, where any is due — or, on an ordinary step (nothing due by the step
 count, no change seen), nothing but a :class:`~anatomy.hook.lean.LeanStep` begun (no record made) and the
-clock read (on CUDA also an event recorded). The hooks move it through the usual step; it ends in O(1)
-(:meth:`OrdinarySteps._end_ordinary`): its numbers go to the step feed as one row of floats, no snapshot
+clock read (on a CUDA step the device times, also an event recorded: ``DEVICE_EVERY_S``). The hooks move
+it through the usual step; it ends in O(1) (:meth:`OrdinarySteps._end_ordinary`): its numbers go to the
+step feed as one row of floats, no snapshot
 and no object made; the snapshot (the last one built, with the step's number, time and timing) is made
 from the row only where one is wanted (:mod:`anatomy.step_feed`). A step that became a record while it
 measured nothing ends the same way (:meth:`OrdinarySteps._end_plain`); any other ends in full
