@@ -1,14 +1,13 @@
 """How a step begins and ends: in full, or as an ordinary step in O(1).
 
-A step begins in :meth:`OrdinarySteps._begin`: the schedule's checks, the re-sums, the heap's first read
-and a sampled step's instruments, where any is due — or, on an ordinary step (nothing due by the step
-count, no change seen), nothing but a :class:`~anatomy.hook.lean.LeanStep` begun (no record made) and the
-clock read (on a CUDA step the device times, also an event recorded: ``DEVICE_EVERY_S``). The hooks move
-it through the usual step; it ends in O(1) (:meth:`OrdinarySteps._end_ordinary`): its numbers go to the
-step feed as one row of floats, no snapshot
-and no object made; the snapshot (the last one built, with the step's number, time and timing) is made
-from the row only where one is wanted (:mod:`anatomy.step_feed`). A step that became a record while it
-measured nothing ends the same way (:meth:`OrdinarySteps._end_plain`); any other ends in full
+A step begins in :meth:`OrdinarySteps._begin`: the schedule's checks, the re-sums, the heap's first read and a
+sampled step's instruments, where any is due — or, on an ordinary step (nothing due by the step count, no
+change seen), nothing but a :class:`~anatomy.hook.lean.LeanStep` begun (no record made) and the clock read (on
+a CUDA step the device times, also an event recorded: ``DEVICE_EVERY_S``). The hooks move it through the usual
+step; it ends in O(1) (:meth:`OrdinarySteps._end_ordinary`): its numbers go to the step feed as one row of
+floats, no snapshot and no object made; the snapshot (the last one built, with the step's number, time and
+timing) is made from the row only where one is wanted (:mod:`anatomy.step_feed`). A step that became a record
+while it measured nothing ends the same way (:meth:`OrdinarySteps._end_plain`); any other ends in full
 (:meth:`OrdinarySteps._finish`).
 
 A layer of :class:`~anatomy.hook.tracker.Tracker` (see :mod:`anatomy.hook.tracker_state`), above the
@@ -48,11 +47,12 @@ _NAN = math.nan
 # tests compare the O(1) path with.
 ORDINARY_IN_O1 = True
 # On CUDA an ordinary step records CUDA events (six, each ~2-8 µs with the stream lookup, then a query and
-# four elapsed times: on an H200 most of the hook's ~230 µs on a 1.3 ms step) only where a tenth of the
-# publish interval, at most 50 ms, has passed since the last step that did; every other step's row carries
-# the newest device times resolved (a step's times on the device are what the reader shows, never the host's
-# launch time). A reader takes about two snapshots a second: it sees times at most ~50 ms older than its
-# step, as it already saw them a few steps late (read only once the device has caught up).
+# four elapsed times: on an H200, under cProfile, about 125 of the 432 µs the hook added to a 1.3 ms step;
+# benchmarks/gpu_runs/2026-11-28) only where a tenth of the publish interval, at most 50 ms, has passed since
+# the last step that did; every other step's row carries the newest device times resolved (a step's times on
+# the device are what the reader shows, never the host's launch time). A reader takes about two snapshots a
+# second: it sees times at most ~50 ms older than its step, as it already saw them a few steps late (read only
+# once the device has caught up).
 DEVICE_SHARE = 0.1
 DEVICE_EVERY_S = 0.05
 
@@ -77,8 +77,9 @@ class OrdinarySteps(StepSnapshots):
                     self._lean_other = self._lean
                     self._lean = lean
                     lean.index, lean.auto, lean.samples, lean.tokens = index, auto, samples, tokens
-                    lean.version = probe._version  # (its update moves it: a record made of it may let
-                    lean.stage = BEGUN  # the next steps rest)
+                    # (the update moves the version: a record made of this step may let the next ones rest)
+                    lean.version = probe._version
+                    lean.stage = BEGUN
                     lean.framework = lean.closure = False
                     lean.depth = 0
                     lean.backward_ended = 0.0
