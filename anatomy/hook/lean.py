@@ -133,17 +133,21 @@ class LeanStep:
                 tokens *= n
         self.shape_tokens = tokens
 
-    def record(self, spare: StepRecord | None, gradients: int, optimizer_states: int) -> StepRecord:
+    def record(
+        self, spare: StepRecord | None, gradients: int, optimizer_states: int, on_device: bool = False
+    ) -> StepRecord:
         """This step as the general path's record at the same point (``spare``: a record to reuse, one
         that ended plain and is referenced nowhere else). ``gradients`` and ``optimizer_states``: the
-        tracker's sums, which change only on steps that measure — what this step read at the time."""
+        tracker's sums, which change only on steps that measure — what this step read at the time.
+        ``on_device``: the tracker's steps are timed on CUDA; one the device did not time (no ``clock``)
+        goes the full way all the same (never ``plain``: the allocator read at each phase)."""
         index, auto, samples, tokens = self.index, self.auto, self.samples, self.tokens
         device = self.clock
         if device is not None:  # timed on the device: the record takes the step's clock, its events marked,
             rec = StepRecord(index, auto, samples, tokens, device)  # and goes on the full way (not plain)
             rec.quiet = True
             rec.heap_on = False
-        elif spare is not None:
+        elif spare is not None and not on_device:
             rec = spare
             rec.index, rec.auto, rec.samples, rec.tokens = index, auto, samples, tokens
             rec.micro = rec.samples_seen = rec.tokens_seen = rec.in_forward = 0
@@ -154,7 +158,8 @@ class LeanStep:
             rec.clock.marks.clear()
         else:
             rec = StepRecord(index, auto, samples, tokens, StepClock(False))
-            rec.quiet = rec.plain = True
+            rec.quiet = True
+            rec.plain = not on_device
             rec.heap_on = False
         rec.opt_begin, rec.grads_begin, rec.started = self.opt_begin, self.grads_begin, self.started
         rec.version = self.version

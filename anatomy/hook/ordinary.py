@@ -97,10 +97,7 @@ class OrdinarySteps(StepSnapshots):
                     lean.started = perf_counter()
                     lean.resting = False  # (a resting step begins in RestingSteps._rest_begin)
                     if self._resting:  # (this step watches its forward: the hooks back)
-                        rest = self._gate.ok
                         self._hooks_on()
-                        if lean.clock is not None and not self._compile_safe:
-                            self._gate.ok = rest  # (a step the device times: the next ones rest again)
                     return
             self._gate.close()  # (a step ended in full says again whether the next ones rest)
             if self._resting:  # a step the hooks watch in full: its forward too
@@ -373,10 +370,7 @@ class OrdinarySteps(StepSnapshots):
         """The lean step in progress goes on as a record, on the general path."""
         lean = self._lean
         sums = self._sums
-        on_device = self._lean_on_device
-        rec = lean.record(None if on_device else self._spare, sums.gradients, sums.optimizer_states)
-        if on_device:  # (a CUDA step the device did not time: the full way's readings all the same)
-            rec.plain = False
+        rec = lean.record(self._spare, sums.gradients, sums.optimizer_states, self._lean_on_device)
         lean.active = False
         self._gate.close()  # (a step that stopped being ordinary: the next look says again)
         if lean.resting:  # the rest of the step goes on watched
@@ -396,9 +390,9 @@ class OrdinarySteps(StepSnapshots):
         if self._finished_lean:
             lean = self._lean_other if self._lean.active else self._lean
             sums = self._sums
-            rec = self._finished = lean.record(None, sums.gradients, sums.optimizer_states)
-            if self._lean_on_device:
-                rec.plain = False
+            rec = self._finished = lean.record(
+                None, sums.gradients, sums.optimizer_states, self._lean_on_device
+            )
             self._finished_lean = False
             memory = self._memory
             if isinstance(memory, CudaBackend):

@@ -199,10 +199,15 @@ class RestingSteps(OrdinarySteps):
         self._resting = True
 
     def _hooks_on(self) -> None:
-        """Our hooks back, for a step watched in full (or the rest of one that stopped being ordinary)."""
+        """Our hooks back, for a step watched in full (or the rest of one that stopped being ordinary). The
+        rest gate stays as it was (the same hooks back, nothing of the model changed; a step that closes it
+        closes it itself), unless something is compiled now."""
+        rest = self._gate.ok
         self._optimizer_watch.resume()
         with self._guard(Feature.OPTIMIZER):
             if self._optimizer is not None:
                 self._register_optimizer_hooks()
         with self._guard(Feature.FORWARD):
             self._register_model_hooks()
+        if not self._compile_safe and self._guard.ok(Feature.FORWARD):
+            self._gate.ok = rest
