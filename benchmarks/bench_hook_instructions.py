@@ -45,6 +45,7 @@ from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
 ARMS = ("plain", "import", "hooked", "unrecorded")
+VALGRIND = ["valgrind", "--tool=cachegrind", "--cache-sim=no", "--cachegrind-out-file=/dev/null"]
 ENV = {"OPENBLAS_NUM_THREADS": "1", "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", "PYTHONHASHSEED": "0"}
 
 
@@ -99,23 +100,17 @@ def worker(arm: str, model_kind: str, depth: int, steps: int, interval_s: float)
     print(f"rested {rested[0]} median_s {times[len(times) // 2]!r}")
 
 
+def _run_worker(
+    prefix: list[str], arm: str, model: str, depth: int, steps: int, interval_s: float
+) -> subprocess.CompletedProcess[str]:
+    """One worker process (``prefix``: what runs it, e.g. valgrind), its output captured."""
+    cmd = [*prefix, sys.executable, __file__, "--worker", arm, model, str(depth), str(steps), str(interval_s)]
+    return subprocess.run(cmd, capture_output=True, text=True, env={**os.environ, **ENV}, check=True)
+
+
 def _count(arm: str, model: str, depth: int, steps: int, interval_s: float) -> tuple[int, int]:
     """(instructions of the whole process, steps that rested) of one worker run under cachegrind."""
-    cmd = [
-        "valgrind",
-        "--tool=cachegrind",
-        "--cache-sim=no",
-        "--cachegrind-out-file=/dev/null",
-        sys.executable,
-        __file__,
-        "--worker",
-        arm,
-        model,
-        str(depth),
-        str(steps),
-        str(interval_s),
-    ]
-    out = subprocess.run(cmd, capture_output=True, text=True, env={**os.environ, **ENV}, check=True)
+    out = _run_worker(VALGRIND, arm, model, depth, steps, interval_s)
     refs = re.search(r"I\s+refs:\s+([\d,]+)", out.stderr)
     rested = re.search(r"rested (\d+)", out.stdout)
     if refs is None or rested is None:
@@ -125,8 +120,7 @@ def _count(arm: str, model: str, depth: int, steps: int, interval_s: float) -> t
 
 def _native_step_s(model: str, depth: int, steps: int) -> float:
     """The plain loop's median step on this machine, without valgrind."""
-    cmd = [sys.executable, __file__, "--worker", "plain", model, str(depth), str(steps), "3600"]
-    out = subprocess.run(cmd, capture_output=True, text=True, env={**os.environ, **ENV}, check=True)
+    out = _run_worker([], "plain", model, depth, steps, 3600.0)
     found = re.search(r"median_s (\S+)", out.stdout)
     if found is None:
         raise RuntimeError(f"no native time from {model}:{depth}: {out.stderr[-400:]}")
