@@ -17,7 +17,10 @@ How Lightning drives a step, and what the callback makes of it:
   returns, so gradients are read after this step's backward;
 - every optimizer of the module is tracked (a GAN's two): a step's optimizer states are their sum;
 - validation, sanity checking, testing and prediction run outside step blocks in eval mode under
-  ``no_grad``: never steps.
+  ``no_grad``: never steps;
+- the block's samples and tokens come from the batch (its first tensor: :meth:`Tracker.batch_begins`), so
+  an ordinary step of the batch shape the last look saw rests, as README's loop does: none of the callback's
+  calls reach the tracker until the batch ends, and no hook of ours runs in it.
 
 Only ``anatomy.hook`` (torch) is imported with this module; Lightning itself is the user's.
 """
@@ -35,6 +38,9 @@ from anatomy.hook.lightning_logs import log_snapshot
 from anatomy.hook.tracker import hook_disabled
 
 _PACKAGES = ("lightning.pytorch", "pytorch_lightning")
+# Where a batch is: outside a training batch's step block, in a watched one, in a resting one (the tracker's
+# hooks off: the callback's calls would only wake them).
+OUTSIDE, WATCHED, RESTING = 0, 1, 2
 
 
 def _lightning_callback_bases() -> tuple[type, ...]:
@@ -80,7 +86,7 @@ class _AnatomyCallback(CallbackBase):
     :class:`anatomy.hook.callback_base.CallbackBase`."""
 
     framework = "Lightning"
-    _in_batch = False  # set per instance: inside a training batch's step block
+    _in_batch = OUTSIDE  # set per instance: inside a training batch's step block, watched or resting
 
     # -- life cycle -------------------------------------------------------------------------------
 
@@ -116,32 +122,35 @@ class _AnatomyCallback(CallbackBase):
         tracker = self.tracker
         if tracker is None:
             return
-        self._in_batch = True
         x = _first_tensor(batch)
-        samples = int(x.shape[0]) if x is not None and x.dim() >= 1 else None
-        self._guard("on_train_batch_start", tracker.begin_step, samples)
+        if self._guard("on_train_batch_start", tracker.batch_begins, x):
+            self._in_batch = RESTING  # (a resting step: none of our calls until the batch ends)
+            return
+        self._in_batch = WATCHED
         self._guard("on_train_batch_start", tracker.forward_begin, x)
 
     def on_before_backward(self, trainer: Any, pl_module: Any, loss: Any) -> None:
-        if self.tracker is not None and self._in_batch:
+        if self.tracker is not None and self._in_batch == WATCHED:
             self._guard("on_before_backward", self.tracker.backward_begin)
 
     def on_after_backward(self, trainer: Any, pl_module: Any) -> None:
-        if self.tracker is not None and self._in_batch:
+        if self.tracker is not None and self._in_batch == WATCHED:
             self._guard("on_after_backward", self.tracker.backward_end)
 
     def on_before_optimizer_step(self, trainer: Any, pl_module: Any, optimizer: Any) -> None:
         # (the optimizer's own step hooks mark it too; whichever comes first counts)
-        if self.tracker is not None and self._in_batch:
+        if self.tracker is not None and self._in_batch == WATCHED:
             self._guard("on_before_optimizer_step", self.tracker.optimizer_begin)
 
     def on_train_batch_end(
         self, trainer: Any, pl_module: Any, outputs: Any, batch: Any, batch_idx: int
     ) -> None:
-        if self.tracker is None or not self._in_batch:
+        within = self._in_batch
+        if self.tracker is None or not within:
             return
-        self._in_batch = False
-        self._guard("on_train_batch_end", self.tracker.forward_end)  # a step that never called backward
+        self._in_batch = OUTSIDE
+        if within == WATCHED:  # a step that never called backward
+            self._guard("on_train_batch_end", self.tracker.forward_end)
         self._guard("on_train_batch_end", self.tracker.end_step)
         if self.log_to_loggers:  # (the snapshot is made only where Lightning logs the step)
             self._guard("on_train_batch_end", log_snapshot, trainer, self._latest)

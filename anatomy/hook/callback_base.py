@@ -52,12 +52,14 @@ class CallbackBase:
         """The tracker's latest snapshot, asked for where a logger takes one (made from its row then)."""
         return self.tracker.latest if self.tracker is not None else None
 
-    def _guard(self, event: str, fn: Any, *args: Any) -> None:
+    def _guard(self, event: str, fn: Any, *args: Any) -> Any:
+        """``fn(*args)``'s result; None where it failed (said once in the log, never raised)."""
         try:
-            fn(*args)
+            return fn(*args)
         except Exception as exc:  # a callback error would stop the training: never let one out
             name = type(exc).__name__
             log.warning("anatomy: the %s callback's %s failed (%s: %s)", self.framework, event, name, exc)
+            return None
 
     def _current_tracker(self, model: Any) -> Tracker | None:
         """The tracker, if it still measures ``model``; one closed or of another model is closed and

@@ -10,6 +10,14 @@ count once), the optimizer's step gets a closure (wrapped as the full way wraps 
 closure's return begins the optimizer phase. What else happens (a second forward, the closure called
 again, a forward after the optimizer's step) makes the step a record, as in the model's own hooks.
 
+A framework whose step block begins with :meth:`FrameworkCalls.batch_begins` rests as README's loop does:
+the block's samples and tokens come from its batch (the first tensor), so where the batch has the shape of
+the last build's, the step runs under no hook of ours (:mod:`anatomy.hook.resting`) and the framework
+leaves its own calls out of it until ``end_step`` — what it would time, the last build's split scaled to
+the step shows. Its calls inside a watched step then leave the gate as it is (a look's end says again);
+only one outside a watched step closes it. A framework that never says so marks every forward: its steps
+never rest.
+
 A layer of :class:`~anatomy.hook.tracker.Tracker` (see :mod:`anatomy.hook.tracker_state`), above the phase
 hooks (:mod:`anatomy.hook.phases`).
 """
@@ -32,13 +40,41 @@ from anatomy.vocabulary import Phase
 class FrameworkCalls(PhaseHooks):
     """A framework's calls at the boundaries of a step."""
 
+    def batch_begins(self, batch: Any = None) -> bool:
+        """A framework's step block begins on ``batch`` (its first tensor; None: none). Its samples and
+        tokens are told as the model's forward hook would count them: the first dimension, and for a batch
+        of integers of two dimensions or more all its elements. True: the step rests — the framework makes
+        none of its calls (``forward_begin`` …) until ``end_step``; False: ``forward_begin(batch)`` next."""
+        self._framework_rests = True
+        samples = tokens = None
+        shape = None
+        if isinstance(batch, torch.Tensor) and batch.dim() >= 1:
+            shape = batch.shape
+            samples = int(shape[0])
+            if batch.dim() >= 2 and not batch.is_floating_point():
+                tokens = int(batch.numel())
+        if shape != self._lean.shape:  # (another shape than the last build's: this step watches)
+            self._gate.close()
+        self.begin_step(samples, tokens)
+        lean = self._lean
+        return lean.active and lean.resting
+
+    def _framework_call(self) -> None:
+        """A framework's forward or backward call: a step it marks is watched."""
+        if not self._framework_rests:
+            self._no_rest = True  # the framework's forward marks are the step's: the hooks watch every one
+            self._gate.close()
+            return
+        lean = self._lean
+        if not ((lean.active and not lean.resting) or self._step is not None):
+            self._gate.close()  # (outside a watched step: the next step looks)
+
     def forward_begin(self, batch: Any = None) -> None:
         """A framework's training forward starts — Lightning's ``training_step``, which may call any of
         the model's submodules (``self.model(...)``) rather than the model's own forward. The model's
         forward hooks inside it nest and are not counted twice. ``batch``: its first tensor gives the
         micro-batch's size."""
-        self._no_rest = True  # the framework's forward marks are the step's: the hooks watch every one
-        self._gate.close()
+        self._framework_call()
         lean = self._lean
         unseen = lean.forward_pre != lean.forward_pre  # (NaN: a resting step's forward, no framework's)
         if lean.active and lean.resting and lean.stage == FORWARD_DONE and unseen:
@@ -70,8 +106,7 @@ class FrameworkCalls(PhaseHooks):
     def backward_begin(self) -> None:
         """The framework's loss goes to backward (Lightning's ``on_before_backward``): its forward is done,
         also a later one of the same step that began after an optimizer step (manual optimization)."""
-        self._no_rest = True
-        self._gate.close()
+        self._framework_call()
         lean = self._lean
         if lean.active and lean.stage >= FORWARD_DONE:  # (a later forward, or a second backward)
             self._promote()

@@ -185,7 +185,7 @@ class Tracker(RestingSteps):
         self._context: StepContext[Tracker] = StepContext(self, None, None)  # what step() returns, reused
         self._plain_ok = self._lean_on_device = False
         self._device_due = 0.0
-        self._resting, self._no_rest = False, False
+        self._resting, self._no_rest, self._framework_rests = False, False, False
         self._lean_check = None
         self._episode, self._plan, self._blocks, self._per_piece, self._traced_best = [], None, [], {}, None
         self._spare = None

@@ -117,7 +117,8 @@ class TrackerState:
     # a resting step reads (anatomy.hook.resting).
     _gate: RestGate
     _resting: bool  # the model's forward hooks are off now (between looks)
-    _no_rest: bool  # a framework marks the forward (Lightning's calls): the hooks never rest
+    _no_rest: bool  # a framework marks every forward (no batch_begins first): the hooks never rest
+    _framework_rests: bool  # the framework leaves its calls out of resting steps (batch_begins)
     # -- sampled steps (anatomy.hook.sampled)
     _episode: list[str]  # the instruments still to run in the sampled episode in progress, in order
     _plan: PiecePlan | None  # the pieces of the instrument running, in a stack of blocks

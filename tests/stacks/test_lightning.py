@@ -19,6 +19,7 @@ import pytest
 import torch
 
 import anatomy
+from anatomy.hook import resting
 from anatomy.hook.schedule import WARMUP_REFRESH_STEPS
 from anatomy.vocabulary import Component
 
@@ -151,7 +152,14 @@ class _TruthCallback(pl.Callback):
 
 
 def _fit(
-    module: Any, callbacks: list[Any], tmp: Path, *, val: bool = False, batches: int = BATCHES, **kwargs: Any
+    module: Any,
+    callbacks: list[Any],
+    tmp: Path,
+    *,
+    val: bool = False,
+    batches: int = BATCHES,
+    loader: Any = None,
+    **kwargs: Any,
 ) -> Any:
     trainer = pl.Trainer(
         max_epochs=1,
@@ -168,7 +176,7 @@ def _fit(
         callbacks=callbacks,
         **kwargs,
     )
-    trainer.fit(module, _loader(batches), _loader(2, seed=5) if val else None)
+    trainer.fit(module, loader or _loader(batches), _loader(2, seed=5) if val else None)
     return trainer
 
 
@@ -448,8 +456,88 @@ def test_ordinary_steps_are_lean_and_publish_what_the_full_way_does(
     assert timing.forward_s + timing.backward_s + timing.optimizer_s <= timing.step_s
 
 
+class _Tokens(Regressor):
+    """Batches of token ids (integers: a batch that has tokens, which a resting step must be told)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        torch.manual_seed(0)
+        self.model = torch.nn.Sequential(
+            torch.nn.Embedding(50, WIDTH), torch.nn.Flatten(), torch.nn.Linear(WIDTH * 6, 1)
+        )
+
+    def training_step(self, batch: Any, batch_idx: int) -> torch.Tensor:
+        ids, y = batch
+        loss = torch.nn.functional.mse_loss(self(ids), y)
+        self.losses.append(loss.item())
+        return loss
+
+
+def _token_loader(samples: int) -> Any:
+    g = torch.Generator().manual_seed(3)
+    data = torch.utils.data.TensorDataset(
+        torch.randint(0, 50, (samples, 6), generator=g), torch.randn(samples, 1, generator=g)
+    )
+    return torch.utils.data.DataLoader(data, batch_size=8, shuffle=False)
+
+
+@pytest.mark.parametrize("kind", ["floats", "tokens"])
+def test_ordinary_steps_rest_under_no_hook_and_publish_what_watched_steps_do(
+    published: list[Any], tmp_path: Path, monkeypatch: pytest.MonkeyPatch, kind: str
+) -> None:
+    """The callback tells each step its batch's samples and tokens (Tracker.batch_begins), so an ordinary
+    step of the last look's batch shape rests as README's loop does: no forward hook of ours on the module
+    and no optimizer hook in torch's global dict while its training_step runs, and none of the callback's
+    calls made. Every published snapshot, but its times, is what the same fit publishes with every step
+    watched — the last batch too, smaller than the others (its own samples: it is watched)."""
+    from torch.optim.optimizer import _global_optimizer_pre_hooks
+
+    from anatomy.lightning import AnatomyCallback
+
+    per_run: tuple[str, ...] = ("seq", "time", "timing", "suggestions", "achieved_tflops", "mfu")
+    per_run += ("peak_bytes", "peak_phase", "at_peak")  # (the heap's: each run starts where the last left it)
+    runs = []
+    for rest in (False, True):
+        monkeypatch.setattr(resting, "REST_ON", rest)
+        published.clear()
+        module = Regressor() if kind == "floats" else _Tokens()
+        watched: list[bool] = []
+        step = module.training_step
+
+        def training_step(
+            batch: Any, batch_idx: int, module: Any = module, step: Any = step, watched: list[bool] = watched
+        ) -> Any:
+            watched.append(bool(module._forward_pre_hooks) or bool(_global_optimizer_pre_hooks))
+            return step(batch, batch_idx)
+
+        module.training_step = training_step  # type: ignore[method-assign]
+        samples = 16 * 8 - 2  # (a last batch of 6)
+        floats = torch.utils.data.DataLoader(_Data(samples), batch_size=8, shuffle=False)
+        loader = floats if kind == "floats" else _token_loader(samples)
+        _fit(
+            module, [AnatomyCallback(interval_s=3600.0, sample_every=0)], tmp_path / str(rest), loader=loader
+        )
+        snaps = [
+            {k: v for k, v in dataclasses.asdict(s).items() if k not in per_run}
+            | {"memory": {c: v is not None for c, v in s.memory.items()}}
+            for s in published
+        ]
+        runs.append((snaps, module.losses, watched, published[-2].timing))
+    (full, full_losses, always, _), (rested, rest_losses, watched, timing) = runs
+    assert all(always) and len(always) == 16
+    assert not any(watched[4:15]) and watched[15], watched  # (the last batch: 6 samples, watched)
+    assert rest_losses == full_losses
+    assert [s["step"] for s in rested] == [s["step"] for s in full] == list(range(16))
+    for a, b in zip(rested, full, strict=True):
+        assert a == b, a["step"]
+    assert rested[-1]["batch_size"] == 6 and rested[-2]["batch_size"] == 8
+    # a resting step's time split: the last build's, scaled to its step
+    assert timing.forward_s and timing.backward_s and timing.optimizer_s and timing.step_s
+    assert timing.forward_s + timing.backward_s + timing.optimizer_s <= timing.step_s * (1 + 1e-9)
+
+
 @pytest.mark.parametrize(
-    "call", ["begin_step", "forward_begin", "backward_begin", "backward_end", "end_step"]
+    "call", ["batch_begins", "begin_step", "forward_begin", "backward_begin", "backward_end", "end_step"]
 )
 def test_a_tracker_call_that_fails_is_said_and_never_stops_the_fit(
     tmp_path: Path, call: str, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
@@ -460,6 +548,7 @@ def test_a_tracker_call_that_fails_is_said_and_never_stops_the_fit(
     from anatomy.lightning import AnatomyCallback
 
     events = {
+        "batch_begins": "on_train_batch_start",
         "begin_step": "on_train_batch_start",
         "forward_begin": "on_train_batch_start",
         "backward_begin": "on_before_backward",
@@ -473,6 +562,7 @@ def test_a_tracker_call_that_fails_is_said_and_never_stops_the_fit(
         raise RuntimeError("broken on purpose")
 
     monkeypatch.setattr(Tracker, call, broken)
+    monkeypatch.setattr(resting, "REST_ON", False)  # (every batch watched: every call made, each batch)
     module = Regressor()
     callback = AnatomyCallback(publish=False)
     with caplog.at_level("WARNING", logger="anatomy"):
