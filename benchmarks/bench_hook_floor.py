@@ -15,7 +15,15 @@ a 2-block MLP (AdamW, told its samples as README's loop tells it):
 
 Printed per arm: the median step, the median per-round difference to ``plain`` and each process's own.
 
+What is timed (``--part``): ``all``, the whole step with its context; ``ours``, only the context's entry and
+exit (the hook's begin and end: the plain arm's are a ``nullcontext``'s); ``torch``, only the training step
+between them. With ``--burst N`` a process runs N steps a turn and reports the median of the last ones (the
+first ``N // 4 + 1`` dropped): its caches warm again after the switch, as a job running alone keeps them —
+with one step a turn (the default) every step finds the hook's code and data as cold as the other
+processes left them.
+
 Usage: python benchmarks/bench_hook_floor.py [--blocks 2] [--rounds 1500] [--procs 3] [--cpu 1]
+       [--part all|ours|torch] [--burst 1]
 """
 
 from __future__ import annotations
@@ -29,6 +37,11 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 ARMS = ("plain", "context", "idle", "hooked")
+PARTS = {
+    "all": "",
+    "ours": " of the context's entry and exit only",
+    "torch": " of the step inside the context only",
+}
 
 WORKER = r"""
 import contextlib, sys, time
@@ -59,13 +72,23 @@ elif arm in ("idle", "hooked"):
     tracker = anatomy.track(model, opt, publish=False, sample_every=10**9)
     if arm == "idle":
         tracker._hooks_off()
+part, burst = sys.argv[4], int(sys.argv[5])
 for line in sys.stdin:
-    c0 = time.thread_time_ns()
-    with tracker.step(samples=16) if arm == "hooked" else context:
+    took = []
+    for _ in range(burst):
+        c0 = time.thread_time_ns()
+        ctx = tracker.step(samples=16) if arm == "hooked" else context
+        ctx.__enter__()
+        c1 = time.thread_time_ns()
         model(x).square().mean().backward()
         opt.step()
         opt.zero_grad()
-    sys.stdout.write(f"{time.thread_time_ns() - c0}\n")
+        c2 = time.thread_time_ns()
+        ctx.__exit__(None, None, None)
+        c3 = time.thread_time_ns()
+        took.append(c3 - c0 if part == "all" else c1 - c0 + c3 - c2 if part == "ours" else c2 - c1)
+    took = sorted(took[burst // 4 + 1 :] if burst > 1 else took)
+    sys.stdout.write(f"{took[len(took) // 2]}\n")
     sys.stdout.flush()
 """
 
@@ -77,6 +100,8 @@ def main() -> None:
     parser.add_argument("--procs", type=int, default=3)
     parser.add_argument("--cpu", type=int, default=1, help="the CPU every worker runs on (-1: not pinned)")
     parser.add_argument("--warmup", type=int, default=50)
+    parser.add_argument("--part", choices=("all", "ours", "torch"), default="all", help="what is timed")
+    parser.add_argument("--burst", type=int, default=1, help="steps a process runs a turn")
     args = parser.parse_args()
     names = [(arm, k) for k in range(args.procs) for arm in ARMS]
     cmd = [sys.executable, "-c", WORKER]
@@ -84,7 +109,7 @@ def main() -> None:
         cmd = ["taskset", "-c", str(args.cpu), *cmd]
     procs = {
         name: subprocess.Popen(
-            [*cmd, name[0], str(args.blocks), str(ROOT)],
+            [*cmd, name[0], str(args.blocks), str(ROOT), args.part, str(args.burst)],
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             text=True,
@@ -116,6 +141,8 @@ def main() -> None:
     print(
         f"hook floor: {args.blocks}-block MLP, {args.rounds} rounds, {args.procs} processes per arm, "
         f"{f'all on CPU {args.cpu}' if args.cpu >= 0 else 'not pinned'}, training-thread CPU"
+        f"{PARTS[args.part]}"
+        f"{'' if args.burst == 1 else f', {args.burst} steps a turn'}"
     )
     for arm in ARMS:
         extra = statistics.median(a - b for a, b in zip(per_arm[arm], plain, strict=True)) / 1e3

@@ -17,7 +17,11 @@ work (sampled, traced, first sums) cancelled out. Arms:
   other step a look), the step told its samples as README's loop tells it: the step rests. Its count holds
   the flight recorder's work for each step's row too (done on the publisher's thread in a run; here, with
   no publish interval passing, when the tracker closes);
-- ``unrecorded``: the same with ``record=False``: the step alone.
+- ``unrecorded``: the same with ``record=False``: the step alone;
+- ``quiet``: the same with ``publish=False`` too: no thread of ours in the process. Under valgrind a step
+  takes ~50 times as long, so a thread that wakes by the clock (the publisher's, twice a second) wakes many
+  times a step, and the GIL changing hands with it counts as the step's work (``cpu_runs/2026-11-28-e``, the
+  32-block MLP); this arm is the training thread's own step.
 
 Printed per model: instructions per step of each arm, the hooked and import arms' extra over plain, the
 extra as a share of the plain step, and as µs at the plain step's own rate on this machine (its native
@@ -28,7 +32,7 @@ Threads: OpenBLAS's and OpenMP's pools are held to one thread (the loop runs tor
 idle worker threads' spinning, whose length depends on scheduling, stays out of the count.
 
 Usage: python benchmarks/bench_hook_instructions.py [--models mlp:2,mlp:8,mlp:32,llama:2] [--steps 40]
-       [--arms import,hooked,unrecorded] [--jobs 2]   (about 2 minutes a run on the 2-block MLP)
+       [--arms import,hooked,unrecorded,quiet] [--jobs 2]   (about 2 minutes a run on the 2-block MLP)
 """
 
 from __future__ import annotations
@@ -38,19 +42,20 @@ import os
 import re
 import subprocess
 import sys
+import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
-ARMS = ("plain", "import", "hooked", "unrecorded")
+ARMS = ("plain", "import", "hooked", "unrecorded", "quiet")
 VALGRIND = ["valgrind", "--tool=cachegrind", "--cache-sim=no", "--cachegrind-out-file=/dev/null"]
 ENV = {"OPENBLAS_NUM_THREADS": "1", "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", "PYTHONHASHSEED": "0"}
 
 
 def worker(arm: str, model_kind: str, depth: int, steps: int, interval_s: float) -> None:
-    """One process of one arm: ``steps`` steps, then (``hooked``) how many of them rested, on stdout."""
+    """One process of one arm: ``steps`` steps, then how many rested and how many threads ran, on stdout."""
     sys.path.insert(0, str(ROOT))
     sys.path.insert(0, str(ROOT / "benchmarks"))
     import torch
@@ -68,7 +73,7 @@ def worker(arm: str, model_kind: str, depth: int, steps: int, interval_s: float)
     tokens = int(batch["input_ids"].numel()) if "input_ids" in batch else None
     tracker: Any = None
     rested = [0]
-    if arm in ("hooked", "unrecorded"):
+    if arm in ("hooked", "unrecorded", "quiet"):
         import anatomy
         from anatomy.hook.resting import RestingSteps
 
@@ -80,7 +85,9 @@ def worker(arm: str, model_kind: str, depth: int, steps: int, interval_s: float)
             return ok
 
         RestingSteps._rest_begin = rest_begin  # type: ignore[method-assign,assignment]
-        tracker = anatomy.track(model, opt, interval_s=interval_s, record=arm == "hooked")
+        tracker = anatomy.track(
+            model, opt, interval_s=interval_s, record=arm == "hooked", publish=arm != "quiet"
+        )
     times = []
     for _ in range(steps):
         t0 = time.perf_counter()
@@ -94,10 +101,11 @@ def worker(arm: str, model_kind: str, depth: int, steps: int, interval_s: float)
             opt.step()
             opt.zero_grad()
         times.append(time.perf_counter() - t0)
+    threads = threading.active_count()  # (the quiet arm's claim: the training thread alone)
     if tracker is not None:
         tracker.close()
     times.sort()
-    print(f"rested {rested[0]} median_s {times[len(times) // 2]!r}")
+    print(f"rested {rested[0]} threads {threads} median_s {times[len(times) // 2]!r}")
 
 
 def _run_worker(

@@ -18,13 +18,15 @@ sys.path.insert(0, str(ROOT / "benchmarks"))
 import bench_hook_instructions as bench
 
 
-@pytest.mark.parametrize("arm", ["plain", "import", "hooked", "unrecorded"])
+@pytest.mark.parametrize("arm", ["plain", "import", "hooked", "unrecorded", "quiet"])
 def test_worker_steps_every_arm_and_counts_the_resting_steps(arm: str) -> None:
     lines = run_benchmark("bench_hook_instructions.py", "--worker", arm, "mlp", "2", "12", "3600")
-    found = re.fullmatch(r"rested (\d+) median_s (\S+)", lines[-1])
+    found = re.fullmatch(r"rested (\d+) threads (\d+) median_s (\S+)", lines[-1])
     assert found is not None, lines
-    rested, median_s = int(found.group(1)), float(found.group(2))
+    rested, threads, median_s = int(found.group(1)), int(found.group(2)), float(found.group(3))
     assert median_s > 0.0
+    # the publisher's thread runs where the hook publishes; the quiet arm is the training thread alone
+    assert threads == (2 if arm in ("hooked", "unrecorded") else 1)
     if arm in ("plain", "import"):
         assert rested == 0
     else:  # the first steps are watched in full (the first sums, the sampled ones); the rest rest
