@@ -100,7 +100,7 @@ def main() -> None:
     parser.add_argument("--procs", type=int, default=3)
     parser.add_argument("--cpu", type=int, default=1, help="the CPU every worker runs on (-1: not pinned)")
     parser.add_argument("--warmup", type=int, default=50)
-    parser.add_argument("--part", choices=("all", "ours", "torch"), default="all", help="what is timed")
+    parser.add_argument("--part", choices=tuple(PARTS), default="all", help="what is timed")
     parser.add_argument("--burst", type=int, default=1, help="steps a process runs a turn")
     args = parser.parse_args()
     names = [(arm, k) for k in range(args.procs) for arm in ARMS]

@@ -182,8 +182,7 @@ def main() -> None:
         label = f"{depth}-block MLP" if model == "mlp" else f"tiny Llama, {depth} layers"
         print(
             f"  {label}, steps {w} to {w + args.steps}: plain {per['plain'] / 1e6:.3f} M instructions a step,"
-            f" "
-            f"{natives[(model, depth)] * 1e3:.2f} ms native ({ns_per:.3f} ns an instruction)"
+            f" {natives[(model, depth)] * 1e3:.2f} ms native ({ns_per:.3f} ns an instruction)"
         )
         for arm in arms[1:]:
             extra = per[arm] - per["plain"]
