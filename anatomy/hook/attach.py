@@ -52,6 +52,7 @@ class Attachment(TrackerState):
     def _setup(self, model: torch.nn.Module, optimizer: Any) -> None:
         self._counter = SavedTensorCounter()
         self._probe_ref = None
+        self._witness_ref = None
         self._probe_ptr = 0
         self._probe_data = None
         self._model_watch = ModelWatch(model)
@@ -239,7 +240,10 @@ class Attachment(TrackerState):
                 self._optimizer_watch.set_params(params)
         candidates = [p for p in params if p.requires_grad] or params
         probe = candidates[0] if candidates else None
+        before = self._probe_ref() if self._probe_ref is not None else None
         self._probe_ref = weakref.ref(probe) if probe is not None else None
+        if probe is not before:  # (the same probe keeps the witness a look learned for it)
+            self._witness_ref = self._probe_ref
         self._probe_ptr = storage_key(probe) if probe is not None else 0
         # A plain parameter's own data pointer moves with its storage, and reading it allocates nothing.
         plain = probe is not None and type(probe) in (torch.nn.Parameter, torch.Tensor)

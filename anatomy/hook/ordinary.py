@@ -78,7 +78,8 @@ class OrdinarySteps(StepSnapshots):
                     self._lean = lean
                     lean.index, lean.auto, lean.samples, lean.tokens = index, auto, samples, tokens
                     # (the update moves the version: a record made of this step may let the next ones rest)
-                    lean.version = probe._version
+                    witness = self._witness_ref() if self._witness_ref is not None else None
+                    lean.version = witness._version if witness is not None else -1
                     lean.stage = BEGUN
                     lean.framework = lean.closure = False
                     lean.depth = 0
@@ -126,8 +127,9 @@ class OrdinarySteps(StepSnapshots):
                 rec.grads_begin = sums.gradients = self._gradient_bytes()
                 self._zero_grads_begin = rec.grads_begin
                 sched.charge(REFRESH, time.perf_counter() - began, index)
-            probe = self._probe_ref() if self._probe_ref is not None else None  # (a re-sum may choose anew)
-            rec.version = probe._version if probe is not None else -1
+            # (a re-sum may choose anew)
+            witness = self._witness_ref() if self._witness_ref is not None else None
+            rec.version = witness._version if witness is not None else -1
             kind = self._sampled_kind(index, quiet)  # (a trace reads the heap from the step's start)
             rec.heap_on = not quiet and (sched.heap_due(index) or kind == TRACE)
             memory = self._memory

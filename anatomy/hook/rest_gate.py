@@ -34,6 +34,7 @@ class RestGate:
         "samples",
         "start_grads",
         "until",
+        "witness",
     )
 
     def __init__(self) -> None:
@@ -41,6 +42,7 @@ class RestGate:
         self.until = 0
         self.probe: Any = no_parameter  # (a weak reference to the probe parameter)
         self.probe_data = -1
+        self.witness: Any = no_parameter  # (a weak reference to the tensor whose version an update moves)
         self.samples: int | None = None  # the build's; a resting step's own, or the default, must equal it
         self.default_samples: int | None = None
         self.need_tokens = False

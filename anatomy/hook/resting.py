@@ -1,19 +1,20 @@
 """Resting steps: an ordinary step told what its batch would tell runs under no hook of ours — its begin and
 its end, a clock read at each, and nothing in between.
 
-Where the last step that ended in full allows it (:meth:`RestingSteps._rest_allow`), the next ordinary
-steps rest: the model's forward hooks, the optimizer's post-hook and the optimizer watch's global pre-hook
-are off (torch's module call and optimizer step take their fast paths again), and the step is two calls of
-ours, ``begin_step`` and ``end_step``, that read one small object, :class:`~anatomy.hook.rest_gate.RestGate`,
-where everything they need was set when the step that allowed it ended: how far the steps stay ordinary,
-the probe parameter, the samples and gradients the last build had. That the optimizer updated, a resting
-step learns from the probe parameter's version counter (the update moves it in place; the step that
-allowed resting saw it move): it then ends in O(1) as any ordinary step does
+Where the last step that ended in full allows it (:meth:`RestingSteps._rest_allow`), the next ordinary steps
+rest: the model's forward hooks, the optimizer's post-hook and the optimizer watch's global pre-hook are off
+(torch's module call and optimizer step take their fast paths again), and the step is two calls of ours,
+``begin_step`` and ``end_step``, that read one small object, :class:`~anatomy.hook.rest_gate.RestGate`, where
+everything they need was set when the step that allowed it ended: how far the steps stay ordinary, the probe
+parameter, the samples and gradients the last build had. That the optimizer updated, a resting step learns
+from the probe parameter's version counter (the update moves it in place; the step that allowed resting saw it
+move) — or, under a fused optimizer whose kernel moves no parameter's counter, from the probe's step count in
+the optimizer's state (:meth:`RestingSteps._learn_witness`): it then ends in O(1) as any ordinary step does
 (:meth:`~anatomy.hook.ordinary.OrdinarySteps._end_ordinary`). Its row has the step's time alone: the reader
-shows the last build's forward, backward and optimizer times scaled to it (:mod:`anatomy.step_feed`). On
-CUDA its row has the newest times the device resolved (a step the device times is watched: every tenth of
-the publish interval, at most 50 ms, one step goes the lean way with our hooks on), and the allocator is
-read once at its end, as on every ordinary CUDA step.
+shows the last build's forward, backward and optimizer times scaled to it (:mod:`anatomy.step_feed`). On CUDA
+its row has the newest times the device resolved (a step the device times is watched: every tenth of the
+publish interval, at most 50 ms, one step goes the lean way with our hooks on), and the allocator is read once
+at its end, as on every ordinary CUDA step.
 
 After a big step the hook's code and data are cold in the CPU caches and every line and every object touched
 costs, so whatever can change between two looks closes the gate where it happens (``gate.ok = 0``: a
@@ -22,10 +23,10 @@ build, ``close``) instead of being asked on every step. A step the gate does not
 samples, other samples than the build's, a moved parameter, its gradients set where the build's were not,
 the schedule's next look — goes the general way (:mod:`anatomy.hook.ordinary`), every hook back on.
 
-What a resting step still checks itself: its samples and tokens, the probe parameter's storage, gradient
-and version (``.to()``, ``zero_grad(set_to_none=...)`` and the update call no hook of ours), and the step
-count against the look. What no hook sees while steps rest waits for the next look: an optimizer made anew
-without telling the tracker, and anything compiled (a frame compiled while steps rest was traced without
+What a resting step still checks itself: its samples and tokens, the probe parameter's storage and gradient,
+the witness's version (``.to()``, ``zero_grad(set_to_none=...)`` and the update call no hook of ours), and the
+step count against the look. What no hook sees while steps rest waits for the next look: an optimizer made
+anew without telling the tracker, and anything compiled (a frame compiled while steps rest was traced without
 our hooks either way: its step began before it; the look's ``begin_step`` wraps them before it puts them
 back).
 """
@@ -33,7 +34,11 @@ back).
 from __future__ import annotations
 
 import math
+import weakref
+from collections.abc import Mapping
 from time import perf_counter
+
+import torch
 
 from anatomy.hook.guard import Feature
 from anatomy.hook.lean import (
@@ -79,6 +84,9 @@ class RestingSteps(OrdinarySteps):
                 return False
             if (probe.grad is not None) != gate.grads and gate.grads != ANY_GRAD:
                 return False
+            witness = gate.witness()
+            if witness is None:
+                return False
             self._lean_other = self._lean
             self._lean = lean
             if not lean.resting:
@@ -86,7 +94,7 @@ class RestingSteps(OrdinarySteps):
             lean.index, lean.samples, lean.tokens = index, samples, tokens
             lean.stage = FORWARD_DONE
             lean.backward_ended = 0.0
-            lean.version = probe._version
+            lean.version = witness._version
             lean.active = True
             if not self._resting:
                 self._hooks_off()
@@ -118,8 +126,8 @@ class RestingSteps(OrdinarySteps):
             stage = lean.stage
             if stage == UPDATED:
                 return
-            probe = self._gate.probe()
-            if probe is None or probe._version == lean.version:
+            witness = self._gate.witness()
+            if witness is None or witness._version == lean.version:
                 return  # (no update: a block the next one continues)
             if stage != IN_OPTIMIZER or not lean.optimizer_post >= lean.optimizer_pre:
                 lean.optimizer_pre = lean.optimizer_post = _NAN
@@ -142,6 +150,8 @@ class RestingSteps(OrdinarySteps):
         gate.until = self._quiet_until
         ref = self._probe_ref
         gate.probe = ref if ref is not None else no_parameter
+        ref = self._witness_ref
+        gate.witness = ref if ref is not None else no_parameter
         gate.probe_data = self._probe_data if self._probe_data is not None else -1
         gate.samples = self._base_samples
         gate.default_samples = throughput.default_samples
@@ -173,10 +183,14 @@ class RestingSteps(OrdinarySteps):
             return REST_NEVER
         if not any(kind == FORWARD_PRE for kind, _ in rec.clock.marks):
             return REST_NEVER  # (its forward went unwatched and it did not end as usual: the next one looks)
-        # A resting step's update is seen by the probe parameter's version counter alone: one optimizer,
-        # whose update moved it on this step.
+        # A resting step's update is seen by one version counter alone (the witness's): one optimizer, whose
+        # update moved it on this step.
         probe = self._probe_ref() if self._probe_ref is not None else None
-        if probe is None or rec.version < 0 or probe._version == rec.version or self._extra_optimizers:
+        if probe is None or rec.version < 0 or self._extra_optimizers:
+            return REST_NEVER
+        witness = self._witness_ref() if self._witness_ref is not None else None
+        if witness is None or witness._version == rec.version:
+            self._learn_witness(probe, witness)
             return REST_NEVER
         throughput = self._throughput
         rest = REST
@@ -186,6 +200,22 @@ class RestingSteps(OrdinarySteps):
         if throughput.default_tokens is None and not no_tokens:
             rest |= NEED_TOKENS
         return rest
+
+    def _learn_witness(self, probe: torch.Tensor, witness: torch.Tensor | None) -> None:
+        """An update that moved no version the next steps would read. A fused optimizer's kernel (torch's
+        ``fused=True`` Adam and AdamW, the Trainer's default) writes the parameters without moving their
+        version counters: the next look reads the probe's step count in the optimizer's state instead, which
+        the optimizer moves in place as it steps. A step count that did not move on this step (a sampled
+        step: a foreach op under a dispatch mode moves no version either) stays the witness while the
+        optimizer holds it; one the optimizer no longer holds (an optimizer made anew) gives way to the new
+        one's. No step count: the probe's version again (where nothing moves, no step rests, as before)."""
+        state = getattr(self._optimizer, "state", None)
+        entry = state.get(probe) if isinstance(state, Mapping) else None
+        count = entry.get("step") if isinstance(entry, Mapping) else None
+        if not isinstance(count, torch.Tensor):
+            self._witness_ref = self._probe_ref
+        elif count is not witness:
+            self._witness_ref = weakref.ref(count)
 
     def _hooks_off(self) -> None:
         """Our hooks rest: the model's forward hooks and the optimizer's (torch's module call and optimizer

@@ -88,6 +88,9 @@ class TrackerState:
     _compiled: CompileProbe  # has anything been compiled since (asked every step)
     _counter: SavedTensorCounter
     _probe_ref: weakref.ref[torch.Tensor] | None  # one parameter, watched every step
+    # The tensor whose version counter an update moves (anatomy.hook.resting): the probe parameter, or where
+    # a fused optimizer's kernel moves no parameter's, its step count in the optimizer's state.
+    _witness_ref: weakref.ref[torch.Tensor] | None
     _probe_ptr: int
     _probe_data: int | None
     _model_watch: ModelWatch

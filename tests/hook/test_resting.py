@@ -150,11 +150,14 @@ def _special_steps(model: torch.nn.Module, opt: torch.optim.Optimizer, tracker: 
 
 
 def _run(
-    rest: bool, special: str, monkeypatch: pytest.MonkeyPatch
+    rest: bool, special: str, monkeypatch: pytest.MonkeyPatch, fused: bool = False
 ) -> tuple[list[dict[str, Any]], float, list[bool]]:
-    """Usual steps (resting from the fourth on), the special one, usual steps."""
+    """Usual steps (resting from the fourth on), the special one, usual steps. ``fused``: under torch's fused
+    AdamW, whose kernel moves no parameter's version counter."""
     monkeypatch.setattr(resting, "REST_ON", rest)
     model, opt = _mlp()
+    if fused:
+        opt = torch.optim.AdamW(model.parameters(), lr=1e-3, fused=True)
     tracker = anatomy.track(model, opt, publish=False, sample_every=0, interval_s=3600.0)
     x = torch.randn(8, 16)
     watched: list[bool] = []
@@ -191,6 +194,108 @@ def test_a_resting_step_of_any_kind_comes_out_as_a_watched_one(
     assert [s["step"] for s in resting] == [s["step"] for s in watched]
     for a, b in zip(resting, watched, strict=True):
         assert a == b, a["step"]
+
+
+@pytest.mark.parametrize("special", ["no_update", "raising", "trainer", "closure", "by_hand"])
+def test_under_a_fused_optimizer_steps_rest_on_its_step_count_and_come_out_as_watched_ones(
+    special: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """torch's fused AdamW (the Trainer's default optimizer) updates the parameters in its kernel without
+    moving their version counters: the look that sees it learns the probe's step count in the optimizer's
+    state instead, and the steps after the next look rest on it, every snapshot as a watched run's."""
+    watched, watched_loss, always = _run(False, special, monkeypatch, fused=True)
+    resting_, resting_loss, rested = _run(True, special, monkeypatch, fused=True)
+    assert all(always) and not any(rested[3:7]), rested
+    assert resting_loss == watched_loss
+    assert [s["step"] for s in resting_] == [s["step"] for s in watched]
+    for a, b in zip(resting_, watched, strict=True):
+        assert a == b, a["step"]
+
+
+def test_a_fused_optimizer_with_no_step_count_never_lets_a_step_rest() -> None:
+    """torch's fused SGD moves no version counter anywhere the hook could read one (no step count in its
+    state): every step stays watched, its optimizer hooks saying when it updates."""
+    model, _ = _mlp()
+    opt = torch.optim.SGD(model.parameters(), lr=1e-3, momentum=0.9, fused=True)
+    tracker = anatomy.track(model, opt, publish=False, sample_every=0, interval_s=3600.0)
+    x = torch.randn(8, 16)
+    watched: list[bool] = []
+    for _ in range(12):
+        with tracker.step(samples=8):
+            watched.append(_watched(model))
+            _usual(model, opt, x)
+    history = list(tracker.history)
+    tracker.close()
+    assert all(watched), watched
+    assert [s.step for s in history] == list(range(12))
+
+
+def test_a_fused_optimizer_made_anew_while_steps_rest_is_adopted_and_its_steps_rest_again() -> None:
+    """The witness (the old optimizer's step count) moves no more once the loop steps a new fused AdamW it
+    did not tell the tracker of: the next resting step goes the watched way, the look adopts the optimizer,
+    and once its step count is learned the steps rest again."""
+    model, _ = _mlp()
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3, fused=True)
+    tracker = anatomy.track(model, opt, publish=False, sample_every=0, interval_s=0.02)
+    x = torch.randn(8, 16)
+    for _ in range(8):
+        with tracker.step(samples=8):
+            _usual(model, opt, x)
+    new = torch.optim.AdamW(model.parameters(), lr=1e-4, fused=True)
+    began = time.perf_counter()
+    while time.perf_counter() - began < 5.0 and tracker._optimizer is not new:
+        with tracker.step(samples=8):
+            _usual(model, new, x)
+    watched: list[bool] = []
+    began = time.perf_counter()
+    while time.perf_counter() - began < 5.0 and (len(watched) < 3 or watched[-1]):
+        with tracker.step(samples=8):
+            watched.append(_watched(model))
+            _usual(model, new, x)
+    snap = tracker.latest
+    tracker.close()
+    assert tracker._optimizer is new and not watched[-1], watched
+    states = 2 * sum(p.numel() * p.element_size() for p in model.parameters())
+    counts = sum(t.numel() * t.element_size() for st in new.state.values() for t in [st["step"]])
+    assert snap is not None and snap.memory[Component.OPTIMIZER_STATES] == states + counts
+
+
+def test_the_witness_is_the_step_count_the_optimizer_holds() -> None:
+    """A look whose update moved no version keeps a step count the optimizer still holds (a sampled step:
+    a foreach op under a dispatch mode moves no version either), takes a new optimizer's, and goes back to
+    the probe parameter where the optimizer keeps no step count."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    class Mode(TorchDispatchMode):
+        def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+            return func(*args, **(kwargs or {}))
+
+    model, _ = _mlp()
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3, fused=True)
+    tracker = anatomy.track(model, opt, publish=False, sample_every=0, interval_s=3600.0)
+    x = torch.randn(8, 16)
+    for _ in range(6):
+        with tracker.step(samples=8):
+            _usual(model, opt, x)
+    probe = tracker._probe_ref()
+    count = opt.state[probe]["step"]
+    assert tracker._witness_ref() is count
+    version = count._version
+    model(x).sum().backward()
+    with Mode():  # (the update under a dispatch mode: its step count's version stays)
+        opt.step()
+    assert count._version == version
+    tracker._learn_witness(probe, count)
+    assert tracker._witness_ref() is count
+    new = torch.optim.AdamW(model.parameters(), lr=1e-3, fused=True)
+    new.step()
+    tracker.attach_optimizer(new)
+    tracker._learn_witness(probe, count)
+    assert tracker._witness_ref() is new.state[probe]["step"]
+    tracker.attach_optimizer(torch.optim.SGD(model.parameters(), lr=1e-3))
+    tracker._learn_witness(probe, tracker._witness_ref())
+    assert tracker._witness_ref() is probe
+    tracker.close()
 
 
 def test_a_step_of_other_samples_is_watched_and_counts_its_batch() -> None:
