@@ -7,6 +7,13 @@ states at ``on_optimizer_step`` — the optimizer's own step hooks fire there to
 first counts. Micro-batches under gradient accumulation are told apart by the model's forward hooks
 (``on_substep_end`` closes each one's backward).
 
+Without accumulation a step begins on its batch instead (:meth:`Tracker.batch_begins`), as Lightning's do:
+the Trainer's events carry no batch, so the callback wraps its Trainer's ``training_step`` and the step
+begins there, told the samples and tokens of the batch's ``input_ids`` (or another of the keys the model's
+forward hook reads first). An ordinary step then rests as README's loop does — no hook of ours on the
+model or the optimizer, and none of the callback's calls until ``on_step_end``. A batch that is no mapping,
+or has none of those keys, is not told: its step begins at ``on_step_begin`` and is watched, as before.
+
 A Trainer reports no exceptions to callbacks, so to write the out-of-memory file the callback wraps
 its Trainer's ``train`` (found at ``on_init_end``; or ``training_step`` when the callback was added
 later). The exception itself always propagates unchanged.
@@ -19,6 +26,7 @@ from __future__ import annotations
 
 import functools
 import sys
+from collections.abc import Mapping
 from types import FrameType
 from typing import Any
 
@@ -28,10 +36,27 @@ from transformers import TrainerCallback
 from anatomy.hook import trainer_logs
 from anatomy.hook.callback_base import CallbackBase
 from anatomy.hook.detect import detect_precision
+from anatomy.hook.phases import BATCH_KEYS
 from anatomy.hook.tensors import dominant_dtype
 from anatomy.hook.tracker import Tracker, hook_disabled
 
 _WRAPPED = "_anatomy_wrapped"
+_TELLS = "_anatomy_tells"  # (a training_step wrapper that begins the callback's steps on their batch)
+# Where a Trainer step is: between steps; begun by on_step_begin, its batch still to come (training_step);
+# begun on its batch and watched (our calls made); begun on its batch and resting (none made).
+OUTSIDE, PENDING, WATCHED, RESTING = 0, 1, 2, 3
+
+
+def _batch_tensor(inputs: Any) -> torch.Tensor | None:
+    """The tensor of a Trainer's batch that the model's forward hook reads first, where the Trainer calls
+    ``model(**inputs)``: the first of ``BATCH_KEYS`` present (None: no mapping, or none of them)."""
+    if not isinstance(inputs, Mapping):
+        return None
+    for key in BATCH_KEYS:
+        value = inputs.get(key)
+        if isinstance(value, torch.Tensor):
+            return value
+    return None
 
 
 def _find_trainer(max_depth: int = 10) -> Any:
@@ -76,6 +101,8 @@ class AnatomyCallback(CallbackBase, TrainerCallback):
 
     framework = "Trainer"
     _wrapped_train = False  # set per instance once its Trainer's ``train`` is wrapped
+    _tells = False  # set per instance: its steps begin on their batch, in the Trainer's ``training_step``
+    _in_step = OUTSIDE  # set per instance: where the step is (OUTSIDE, PENDING, WATCHED, RESTING)
 
     # -- finding the pieces -----------------------------------------------------------------------
 
@@ -141,29 +168,92 @@ class AnatomyCallback(CallbackBase, TrainerCallback):
             precision = detect_precision(param_dtype=dominant_dtype(model), autocast_dtype=autocast)
             tracker.set_precision(precision, grad_scaler=autocast == torch.float16)
         trainer = _find_trainer() if not hook_disabled() else None
-        if not self._wrapped_train and trainer is not None:
+        self._tells = False
+        if trainer is not None and int(getattr(args, "gradient_accumulation_steps", 1) or 1) == 1:
+            self._tells = self._wrap_training_step(trainer)
+        elif not self._wrapped_train and trainer is not None:
             self._wrap(trainer, "training_step")
         if trainer is not None:
             _register_other_models(tracker, trainer, model)
 
+    def _wrap_training_step(self, trainer: Any) -> bool:
+        """Wrap ``trainer.training_step`` so that the step begins on its batch (and, where ``train`` is not
+        wrapped, a failure inside it is recorded). Whether this callback's steps are told their batch."""
+        original = getattr(trainer, "training_step", None)
+        if original is None:
+            return False
+        told = getattr(original, _TELLS, None)
+        if told is not None:  # (wrapped by a callback before: this one's, or one that trains no more)
+            return told is self
+        callback = self
+        record = not self._wrapped_train and not getattr(original, _WRAPPED, False)
+
+        @functools.wraps(original)
+        def wrapper(*args: Any, **kwargs: Any) -> Any:
+            if callback._in_step == PENDING:
+                callback._guard("training_step", callback._batch_begins, args, kwargs)
+            try:
+                return original(*args, **kwargs)
+            except BaseException as exc:
+                if record:
+                    callback._record_failure(exc, close=False)
+                raise
+
+        setattr(wrapper, _WRAPPED, True)
+        setattr(wrapper, _TELLS, self)
+        trainer.training_step = wrapper
+        return True
+
+    def _batch_begins(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
+        """The step pending since ``on_step_begin`` begins on its batch (``training_step(model, inputs,
+        ...)``); resting where the tracker says so."""
+        tracker = self.tracker
+        self._in_step = WATCHED
+        if tracker is None:
+            return
+        inputs = kwargs["inputs"] if "inputs" in kwargs else args[1] if len(args) > 1 else None
+        x = _batch_tensor(inputs)
+        if x is None:  # (not told: watched, its samples counted by the forward hook)
+            tracker.begin_step()
+        elif tracker.batch_begins(x):
+            self._in_step = RESTING
+
+    def _begun(self, event: str) -> bool:
+        """Before a step's later event: a step still pending (its ``training_step`` never ran: a Trainer that
+        calls another) begins now, and later steps begin at ``on_step_begin`` again. False: the step rests
+        (the callback makes no call)."""
+        if self._in_step == PENDING:
+            self._tells = False
+            self._in_step = WATCHED
+            if self.tracker is not None:
+                self._guard(event, self.tracker.begin_step)
+        return self._in_step != RESTING
+
     def on_step_begin(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
-        if self.tracker is not None:
-            self._guard("on_step_begin", self.tracker.begin_step)
+        if self.tracker is None:
+            return
+        if self._tells:  # (never where ANATOMY_TOP=0: _start found no Trainer then)
+            self._in_step = PENDING  # (it begins on its batch, in training_step)
+            return
+        self._in_step = WATCHED
+        self._guard("on_step_begin", self.tracker.begin_step)
 
     def on_pre_optimizer_step(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
-        if self.tracker is not None:
+        if self.tracker is not None and self._begun("on_pre_optimizer_step"):
             self._guard("on_pre_optimizer_step", self.tracker.optimizer_begin)
 
     def on_optimizer_step(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
-        if self.tracker is not None:
+        if self.tracker is not None and self._begun("on_optimizer_step"):
             self._guard("on_optimizer_step", self.tracker.optimizer_end)
 
     def on_substep_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
-        if self.tracker is not None:
+        if self.tracker is not None and self._begun("on_substep_end"):
             self._guard("on_substep_end", self.tracker.backward_end)
 
     def on_step_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
         if self.tracker is not None:
+            self._begun("on_step_end")
+            self._in_step = OUTSIDE
             self._guard("on_step_end", self.tracker.end_step)
 
     def on_train_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:

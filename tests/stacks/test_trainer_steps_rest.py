@@ -1,0 +1,180 @@
+"""The Hugging Face Trainer's ordinary steps rest, as README's loop and Lightning's do: the callback begins
+each step on its batch (the Trainer's ``training_step``, wrapped), told its samples and tokens."""
+
+from __future__ import annotations
+
+import collections
+import dataclasses
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+
+import anatomy
+from anatomy.hook import resting
+
+pytestmark = pytest.mark.filterwarnings("ignore::FutureWarning")
+
+WIDTH = 16
+SAMPLES = 16 * 8 - 2  # 16 steps of 8 samples, the last of 6
+
+
+class _Data(torch.utils.data.Dataset):  # type: ignore[type-arg]
+    """Token ids (``input_ids``: integers, a batch with tokens) or floats (``x``), and a target."""
+
+    def __init__(self, kind: str) -> None:
+        g = torch.Generator().manual_seed(3)
+        self.key = "input_ids" if kind == "tokens" else "x"
+        tokens = kind == "tokens"
+        self.x = torch.randint(0, 50, (SAMPLES, 6), generator=g) if tokens else torch.randn(SAMPLES, 6)
+        self.y = torch.randn(SAMPLES, 1, generator=g)
+
+    def __len__(self) -> int:
+        return SAMPLES
+
+    def __getitem__(self, i: int) -> dict[str, torch.Tensor]:
+        return {self.key: self.x[i], "labels": self.y[i]}
+
+
+class _Model(torch.nn.Module):
+    def __init__(self, kind: str) -> None:
+        super().__init__()
+        torch.manual_seed(0)
+        first = torch.nn.Embedding(50, WIDTH) if kind == "tokens" else torch.nn.Linear(1, WIDTH)
+        self.body = torch.nn.Sequential(first, torch.nn.Flatten(), torch.nn.Linear(WIDTH * 6, 1))
+        self.kind = kind
+        self.losses: list[float] = []
+        self.watched: list[bool] = []
+        self.callback: Any = None
+
+    def forward(
+        self,
+        input_ids: torch.Tensor | None = None,
+        x: torch.Tensor | None = None,
+        labels: torch.Tensor | None = None,
+    ) -> dict[str, torch.Tensor]:
+        from torch.optim.optimizer import _global_optimizer_pre_hooks
+
+        tracker = self.callback.tracker if self.callback is not None else None
+        if tracker is not None:  # (torch's global dict may hold other trackers' hooks, left by other tests)
+            ours = tracker._optimizer_watch._handle.id in _global_optimizer_pre_hooks
+            self.watched.append(bool(self._forward_pre_hooks) or ours)
+        inputs = input_ids if input_ids is not None else x.unsqueeze(-1)  # type: ignore[union-attr]
+        loss = torch.nn.functional.mse_loss(self.body(inputs), labels)
+        self.losses.append(loss.item())
+        return {"loss": loss}
+
+
+def _train(model: _Model, kind: str, callback: Any, tmp: Path, **args: Any) -> Any:
+    from transformers import Trainer, TrainingArguments
+
+    training_args = TrainingArguments(
+        output_dir=str(tmp / "out"),
+        per_device_train_batch_size=8,
+        num_train_epochs=1,
+        report_to="none",
+        use_cpu=True,
+        save_strategy="no",
+        logging_strategy="no",
+        disable_tqdm=True,
+        dataloader_num_workers=0,
+        **args,
+    )
+    model.callback = callback
+    trainer = Trainer(model=model, args=training_args, train_dataset=_Data(kind), callbacks=[callback])
+    trainer.train()
+    return trainer
+
+
+@pytest.mark.parametrize("kind", ["floats", "tokens"])
+def test_ordinary_trainer_steps_rest_under_no_hook_and_publish_what_watched_steps_do(
+    published: list[Any], tmp_path: Path, monkeypatch: pytest.MonkeyPatch, kind: str
+) -> None:
+    """From the 5th step on, an ordinary step of the last look's batch shape runs its forward with no hook of
+    ours on the model and no optimizer hook in torch's global dict; the last batch (6 samples, not 8) is
+    watched. Every published snapshot but its times is what the same run publishes with every step watched,
+    and the losses are the same."""
+    per_run: tuple[str, ...] = ("seq", "time", "timing", "suggestions", "achieved_tflops", "mfu")
+    per_run += ("peak_bytes", "peak_phase", "at_peak")  # (the heap's: each run starts where the last left it)
+    dynamo = sys.modules.get("torch._dynamo")  # (a process that compiled nothing: see test_resting)
+    if dynamo is not None:
+        monkeypatch.setattr(dynamo.utils, "counters", collections.defaultdict(collections.Counter))
+    runs = []
+    for rest in (False, True):
+        monkeypatch.setattr(resting, "REST_ON", rest)
+        published.clear()
+        model = _Model(kind)
+        callback = anatomy.AnatomyCallback(interval_s=3600.0, sample_every=0, log=False)
+        _train(model, kind, callback, tmp_path / str(rest))
+        snaps = [
+            {k: v for k, v in dataclasses.asdict(s).items() if k not in per_run}
+            | {"memory": {c: v is not None for c, v in s.memory.items()}}
+            for s in published
+        ]
+        runs.append((snaps, model.losses, model.watched, published[-2].timing, callback))
+    (full, full_losses, always, _, _), (rested, rest_losses, watched, timing, callback) = runs
+    assert all(always) and len(always) == 16
+    assert not any(watched[4:15]) and watched[15], watched  # (the last batch: 6 samples, watched)
+    assert rest_losses == full_losses
+    assert [s["step"] for s in rested] == [s["step"] for s in full] == list(range(16))
+    for a, b in zip(rested, full, strict=True):
+        assert a == b, a["step"]
+    assert rested[-1]["batch_size"] == 6 and rested[-2]["batch_size"] == 8
+    if kind == "tokens":
+        assert timing.tokens_per_s == pytest.approx(6 * timing.samples_per_s)
+    # a resting step's time split: the last build's, scaled to its step
+    assert timing.forward_s and timing.backward_s and timing.optimizer_s and timing.step_s
+    assert timing.forward_s + timing.backward_s + timing.optimizer_s <= timing.step_s * (1 + 1e-9)
+    assert callback.tracker.closed
+
+
+def test_accumulating_trainer_steps_are_not_told_their_batch(published: list[Any], tmp_path: Path) -> None:
+    """Under gradient accumulation a step's samples are every micro-batch's: the step begins at
+    on_step_begin and the model's forward hook counts them (two micro-batches of 8 a step; the epoch's last,
+    8 and 6), and no step rests."""
+    model = _Model("floats")
+    callback = anatomy.AnatomyCallback(interval_s=3600.0, sample_every=0, log=False)
+    trainer = _train(model, "floats", callback, tmp_path, gradient_accumulation_steps=2)
+    assert not callback._tells and getattr(trainer.training_step, "_anatomy_tells", None) is None
+    assert all(model.watched) and len(model.watched) == 16
+    told = [round(s.timing.samples_per_s * s.timing.step_s) for s in published]
+    assert told == [16] * 7 + [14] and [s.grad_accum_steps for s in published] == [2] * 8
+
+
+def test_a_batch_with_no_key_the_forward_reads_is_watched(published: list[Any], tmp_path: Path) -> None:
+    """A batch the callback cannot read as the model's forward hook does (here under a key of none of
+    BATCH_KEYS) is not told: its step begins as before, watched, with the samples the forward hook counts
+    (none here: it reads the same keys)."""
+
+    class Other(_Data):
+        def __getitem__(self, i: int) -> dict[str, torch.Tensor]:
+            return {"features": self.x[i], "labels": self.y[i]}
+
+    class OtherModel(_Model):
+        def forward(  # type: ignore[override]
+            self, features: torch.Tensor | None = None, labels: torch.Tensor | None = None
+        ) -> dict[str, torch.Tensor]:
+            return super().forward(x=features, labels=labels)
+
+    from transformers import Trainer, TrainingArguments
+
+    model = OtherModel("floats")
+    callback = anatomy.AnatomyCallback(interval_s=3600.0, sample_every=0, log=False)
+    model.callback = callback
+    args = TrainingArguments(
+        output_dir=str(tmp_path / "out"),
+        per_device_train_batch_size=8,
+        num_train_epochs=1,
+        report_to="none",
+        use_cpu=True,
+        save_strategy="no",
+        logging_strategy="no",
+        disable_tqdm=True,
+    )
+    data = Other("floats")
+    Trainer(model=model, args=args, train_dataset=data, callbacks=[callback]).train()
+    assert all(model.watched) and len(model.watched) == 16
+    # (as the forward hook sees it: keyword arguments of no name it reads, so no samples, as before)
+    assert [s.step for s in published] == list(range(16)) and all(s.batch_size is None for s in published)
