@@ -4,17 +4,18 @@ Four worker processes per configuration, one step each per round in rotating ord
 ``control`` (no hook again: the A/A noise floor), ``base`` (the hook as ``--base`` had it, from ``git
 archive``) and ``this`` (the working tree's); with ``--floor`` a fifth, ``floor``: hooks of the kinds the hook
 registers (forward pre with kwargs, forward post always called, the global optimizer step pre-hook, the
-optimizer's post-hook, a step context; in Lightning a callback with the anatomy callback's per-batch methods
-and those hooks), each doing nothing — torch's dispatch and the calls themselves, what no hook's code can take
-away — and ``this − floor`` per round, what the hook's own code adds. Each times its step in the training
-thread's CPU time (what the hook adds to the thread; a loaded machine's preemptions do not inflate it), with
-the hook at default settings and publishing, sampled steps off (``sample_every`` past the run), so what is
-compared is the ordinary step. Printed per configuration: each arm's median step, its extra over ``plain``
-(median of per-round differences, interquartile range, mean of the middle 80%), and ``this − base`` per round,
-the figure a change to the hook's per-step path is judged by. Separate processes interleaved, because the
-machine's speed drifts by tens of percent between runs of a few minutes on a shared box: only figures of the
-same run compare. With ``--device cuda`` each round starts from an idle GPU and the wall time to the device's
-end of the step is printed too (a launch-bound step waits for every µs the host adds).
+optimizer's post-hook, a step context; in Lightning and in the Hugging Face Trainer a callback with the
+anatomy callback's per-batch methods and those hooks), each doing nothing — torch's dispatch and the calls
+themselves, what no hook's code can take away — and ``this − floor`` per round, what the hook's own code adds.
+Each times its step in the training thread's CPU time (what the hook adds to the thread; a loaded machine's
+preemptions do not inflate it), with the hook at default settings and publishing, sampled steps off
+(``sample_every`` past the run), so what is compared is the ordinary step. Printed per configuration: each
+arm's median step, its extra over ``plain`` (median of per-round differences, interquartile range, mean of the
+middle 80%), and ``this − base`` per round, the figure a change to the hook's per-step path is judged by.
+Separate processes interleaved, because the machine's speed drifts by tens of percent between runs of a few
+minutes on a shared box: only figures of the same run compare. With ``--device cuda`` each round starts from
+an idle GPU and the wall time to the device's end of the step is printed too (a launch-bound step waits for
+every µs the host adds).
 
 Usage:
   python benchmarks/bench_hook_versions.py --base HEAD~1                 # MLP 2 and 8 blocks, ~2 minutes
@@ -22,6 +23,8 @@ Usage:
   python benchmarks/bench_hook_versions.py --base-dir /tmp/base --device cuda      # on a GPU: wall time too
   python benchmarks/bench_hook_versions.py --floor     # also hooks of the same kinds that do nothing
   python benchmarks/bench_hook_versions.py --told      # steps told their samples and tokens (README's loop)
+  python benchmarks/bench_hook_versions.py --models trainer,lightning --floor   # the frameworks' callbacks
+  python benchmarks/bench_hook_versions.py --told --fused  # under torch's fused AdamW (the Trainer's default)
 """
 
 from __future__ import annotations
@@ -119,12 +122,94 @@ print("ready", flush=True)
 trainer.fit(Module(), torch.utils.data.DataLoader(Batches(), batch_size=None))
 """
 
+# One arm in the Hugging Face Trainer: a run whose batches come one per line on stdin (accelerate's loader
+# fetches one batch ahead: the driver sends one line more at the start), with the Trainer's defaults (its
+# fused AdamW, gradient clipping, a linear schedule); a callback first in the list and one last time each step
+# from on_step_begin to on_step_end (the anatomy callback's calls and its wrapped training_step between).
+TRAINER_WORKER = r"""
+import os, sys, tempfile, time, warnings
+from pathlib import Path
+src, depth, threads = sys.argv[1], int(sys.argv[2]), int(sys.argv[4])
+if src not in ("-", "floor"):
+    sys.path.insert(0, src)
+import logging
+import torch
+warnings.filterwarnings("ignore")
+import transformers
+from transformers import Trainer, TrainerCallback, TrainingArguments
+transformers.logging.set_verbosity_error()
+torch.set_num_threads(threads)
+torch.manual_seed(0)
+class Model(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        layers = []
+        for _ in range(depth):
+            layers += [torch.nn.Linear(64, 64), torch.nn.ReLU()]
+        self.net = torch.nn.Sequential(*layers)
+    def forward(self, x, labels=None):
+        return {"loss": self.net(x).sum()}
+x = torch.randn(64)
+class Batches(torch.utils.data.IterableDataset):
+    def __iter__(self):
+        for _ in sys.stdin:
+            for _ in range(4):
+                yield {"x": x}
+        os._exit(0)  # (stdin closed: the run is over; a Trainer of max_steps would start its epoch anew)
+class Start(TrainerCallback):
+    def on_step_begin(self, *args, **kwargs):
+        self.began = time.thread_time_ns(), time.perf_counter_ns()
+class End(TrainerCallback):
+    def __init__(self, start):
+        self.start = start
+    def on_step_end(self, *args, **kwargs):
+        cpu, wall = self.start.began
+        print((time.thread_time_ns() - cpu) / 1e3, (time.perf_counter_ns() - wall) / 1e3, flush=True)
+start = Start()
+callbacks = [start]
+model = Model()
+if src == "floor":  # the callback's calls and the hooks the anatomy callback registers, doing nothing
+    from torch.optim.optimizer import register_optimizer_step_pre_hook
+    def nothing(*args):
+        return None
+    class Floor(TrainerCallback):
+        def on_train_begin(self, args, state, control, model=None, optimizer=None, **kwargs):
+            model.register_forward_pre_hook(nothing, with_kwargs=True)
+            model.register_forward_hook(nothing, always_call=True)
+            register_optimizer_step_pre_hook(nothing)
+            getattr(optimizer, "optimizer", optimizer).register_step_post_hook(nothing)  # (accelerate's)
+        def on_step_begin(self, *args, **kwargs):
+            pass
+        def on_pre_optimizer_step(self, *args, **kwargs):
+            pass
+        def on_optimizer_step(self, *args, **kwargs):
+            pass
+        def on_step_end(self, *args, **kwargs):
+            pass
+    callbacks.append(Floor())
+elif src != "-":
+    import anatomy
+    if not anatomy.__file__.startswith(src):
+        raise SystemExit(f"anatomy came from {anatomy.__file__}, not {src}")
+    callback = anatomy.AnatomyCallback(directory=Path(tempfile.mkdtemp()), sample_every=10**9, log=False)
+    callbacks.append(callback)
+callbacks.append(End(start))
+out = tempfile.mkdtemp()
+args = TrainingArguments(output_dir=out, per_device_train_batch_size=4, max_steps=10**9, report_to="none",
+                         use_cpu=True, save_strategy="no", logging_strategy="no", disable_tqdm=True,
+                         dataloader_num_workers=0)
+trainer = Trainer(model=model, args=args, train_dataset=Batches(), callbacks=callbacks)
+print("ready", flush=True)
+trainer.train()
+"""
+
 # One arm: builds the model, then runs a step for each line on stdin and answers its CPU time in µs.
 WORKER = r"""
 import sys, tempfile, time
 from pathlib import Path
 src, depth, kind, threads, device = sys.argv[1], int(sys.argv[2]), sys.argv[3], int(sys.argv[4]), sys.argv[5]
 told = sys.argv[6] == "told"
+fused = sys.argv[7] == "fused"  # torch's fused AdamW: its kernel moves no parameter's version counter
 if src != "-":
     sys.path.insert(0, src)
 import torch
@@ -148,7 +233,7 @@ else:
     size = {"samples": 4, "tokens": 4 * 32} if told else {}
     def loss():
         return model(input_ids=ids, labels=ids).loss
-opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+opt = torch.optim.AdamW(model.parameters(), lr=1e-3, fused=fused or None)
 tracker = None
 if src == "floor":  # hooks of the kinds anatomy registers, doing nothing: what torch's dispatch costs
     from torch.optim.optimizer import register_optimizer_step_pre_hook
@@ -240,13 +325,14 @@ def run(
     floor: bool = False,
     cpu: int | None = None,
     told: bool = False,
+    fused: bool = False,
 ) -> tuple[dict[str, dict[str, float]], dict[str, dict[str, float]]]:
     """Thread CPU time and wall time (to the device's end of the step) per arm: their summaries. ``cpu``:
     every worker on that one CPU (all arms under the same caches and clock; on a many-core machine the
     arms otherwise land on different cores, and which arm got the better core moved per-round differences
     by ±100 µs from one run to the next), None: where the scheduler puts them."""
-    lightning = kind == "lightning"
-    worker = LIGHTNING_WORKER if lightning else WORKER
+    ahead = kind in ("lightning", "trainer")  # (its loader fetches one batch ahead)
+    worker = {"lightning": LIGHTNING_WORKER, "trainer": TRAINER_WORKER}.get(kind, WORKER)
     env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
     env["TOKENIZERS_PARALLELISM"] = "false"
     sources = {"plain": "-", "control": "-", "base": str(base_src), "this": str(ROOT)}
@@ -255,9 +341,10 @@ def run(
     arms = tuple(sources)
     pin = None if cpu is None else (lambda: os.sched_setaffinity(0, {cpu}))
     size = "told" if told else "-"
+    optimizer = "fused" if fused else "-"
     procs = {
         arm: subprocess.Popen(
-            [sys.executable, "-c", worker, src, str(depth), kind, str(threads), device, size],
+            [sys.executable, "-c", worker, src, str(depth), kind, str(threads), device, size, optimizer],
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             text=True,
@@ -270,9 +357,12 @@ def run(
     try:
         for arm, proc in procs.items():
             assert proc.stdout is not None
-            if proc.stdout.readline().strip() != "ready":
+            line = proc.stdout.readline()
+            while line and line.strip() != "ready":  # (what an import printed first: DeepSpeed's notice)
+                line = proc.stdout.readline()
+            if not line:
                 raise RuntimeError(f"the {arm} worker did not start")
-            if lightning and proc.stdin is not None:  # (the batch Lightning fetches ahead)
+            if ahead and proc.stdin is not None:  # (the batch the loader fetches ahead)
                 proc.stdin.write("step\n")
         times: dict[str, list[float]] = {arm: [] for arm in arms}
         walls: dict[str, list[float]] = {arm: [] for arm in arms}
@@ -297,7 +387,11 @@ def run(
 def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
     ap.add_argument("--base", default="HEAD", help="the git revision to compare with (default HEAD)")
-    ap.add_argument("--models", default="mlp", help="mlp,llama,lightning (an MLP in a Lightning fit, CPU)")
+    ap.add_argument(
+        "--models",
+        default="mlp",
+        help="mlp,llama,lightning,trainer (the last two: an MLP in a Lightning fit, in a Trainer run)",
+    )
     ap.add_argument("--depths", default="2,8", help="blocks / layers")
     ap.add_argument("--rounds", type=int, default=2000, help="steps per arm")
     ap.add_argument("--threads", type=int, default=1, help="torch threads per worker")
@@ -308,6 +402,11 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         "--told",
         action="store_true",
         help="every step told its samples (and tokens), as README's loop: then ordinary steps may rest",
+    )
+    ap.add_argument(
+        "--fused",
+        action="store_true",
+        help="mlp, llama: torch's fused AdamW (the Trainer's default: no parameter's version moves)",
     )
     ap.add_argument("--cpu", type=int, default=None, help="the one CPU all workers run on (default: last)")
     ap.add_argument("--no-pin", action="store_true", help="workers where the scheduler puts them")
@@ -321,7 +420,8 @@ def main(argv: Sequence[str] | None = None) -> None:
     pin = None if args.no_pin else (args.cpu if args.cpu is not None else max(os.sched_getaffinity(0)))
     where = "where the scheduler puts them" if pin is None else f"all on CPU {pin}"
     print(
-        f"hook versions: base {base} against the working tree; load average {load:.2f}; workers {where}",
+        f"hook versions: base {base} against the working tree; load average {load:.2f}; workers {where}"
+        f"{'; torch fused AdamW' if args.fused else ''}",
         flush=True,
     )
     with tempfile.TemporaryDirectory() as tmp:
@@ -329,7 +429,16 @@ def main(argv: Sequence[str] | None = None) -> None:
         for kind in args.models.split(","):
             for depth in (int(d) for d in args.depths.split(",")):
                 cpu, wall = run(
-                    kind, depth, args.rounds, base_src, args.threads, args.device, args.floor, pin, args.told
+                    kind,
+                    depth,
+                    args.rounds,
+                    base_src,
+                    args.threads,
+                    args.device,
+                    args.floor,
+                    pin,
+                    args.told,
+                    args.fused,
                 )
                 label = f"{kind} {depth}"
                 clocks = [("thread CPU", cpu)] + ([("wall", wall)] if args.device != "cpu" else [])

@@ -39,13 +39,18 @@ def test_the_extras_are_per_round_differences() -> None:
     assert res["floor"]["median"] == 5.0 and res["this-floor"]["median"] == 15.0
 
 
-def test_smallest_configuration_prints_every_arm() -> None:
+@pytest.mark.parametrize("model", ["mlp", "trainer"])
+def test_smallest_configuration_prints_every_arm(model: str) -> None:
+    """The loop of the working tree's README, and a Hugging Face Trainer run (its batches one per line on
+    stdin, the loader a batch ahead, the run over when stdin closes)."""
     if subprocess.run(["git", "-C", str(ROOT), "rev-parse", "HEAD"], capture_output=True).returncode != 0:
         pytest.fail("the benchmark compares with a git revision: run the tests in a clone")
     proc = subprocess.run(
         [
             sys.executable,
             str(ROOT / "benchmarks" / "bench_hook_versions.py"),
+            "--models",
+            model,
             "--depths",
             "1",
             "--rounds",
@@ -59,7 +64,7 @@ def test_smallest_configuration_prints_every_arm() -> None:
     )
     assert proc.returncode == 0, proc.stderr[-2000:]
     lines = proc.stdout.splitlines()
-    assert "mlp 1 on cpu, thread CPU:" in lines, proc.stdout
+    assert f"{model} 1 on cpu, thread CPU:" in lines, proc.stdout
     assert not any("wall" in line for line in lines)  # (wall time: on a device, to its end of the step)
     for arm in (*bench_hook_versions.ARMS, bench_hook_versions.FLOOR):
         row = [line for line in lines if re.match(rf"\s+{arm}\s+step", line)]
