@@ -178,3 +178,33 @@ def test_a_batch_with_no_key_the_forward_reads_is_watched(published: list[Any], 
     assert all(model.watched) and len(model.watched) == 16
     # (as the forward hook sees it: keyword arguments of no name it reads, so no samples, as before)
     assert [s.step for s in published] == list(range(16)) and all(s.batch_size is None for s in published)
+
+
+def test_a_step_whose_training_step_never_runs_begins_late_and_the_next_ones_at_on_step_begin(
+    published: list[Any], tmp_path: Path
+) -> None:
+    """A Trainer whose loop calls something else than its training_step (the callback's events only): the
+    step still pending at on_pre_optimizer_step begins there, and from the next step on every step begins
+    at on_step_begin again, watched, its samples counted by the forward hook."""
+    from transformers import TrainerControl, TrainerState, TrainingArguments
+
+    model = _Model("floats")
+    args = TrainingArguments(output_dir=str(tmp_path / "out"), use_cpu=True, report_to="none")
+    callback = anatomy.AnatomyCallback(interval_s=3600.0, sample_every=0, log=False)
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    state, control = TrainerState(), TrainerControl()
+    callback.on_train_begin(args, state, control, model=model, optimizer=opt)
+    callback._tells = True  # (as where the Trainer's training_step is wrapped)
+    x, y = torch.randn(8, 6), torch.randn(8, 1)
+    for _ in range(3):
+        callback.on_step_begin(args, state, control)
+        model(x=x, labels=y)["loss"].backward()  # (not through training_step)
+        callback.on_pre_optimizer_step(args, state, control)
+        opt.step()
+        callback.on_optimizer_step(args, state, control)
+        opt.zero_grad()
+        callback.on_step_end(args, state, control)
+    callback.on_train_end(args, state, control)
+    assert not callback._tells
+    assert [s.step for s in published] == [0, 1, 2]
+    assert published[-1].batch_size == 8 and published[-1].timing.forward_s is not None
