@@ -12,6 +12,9 @@ run gpu_check_after 100 scripts/gpu_check
 tail -2 "$O/gpu_check_after.txt"
 run versions_cuda_mlp_told 175 python3 benchmarks/bench_hook_versions.py --base-dir .basesrc --device cuda --models mlp --depths 2,8 --rounds 1000 --floor --told
 grep -E "on cuda|this|plain|floor" "$O/versions_cuda_mlp_told.txt"
+# torch's fused AdamW (fused=True, common on GPUs; the Trainer's default): no step of it rested before e3ef9e6
+run versions_cuda_fused_told 90 python3 benchmarks/bench_hook_versions.py --base-dir .basesrc --device cuda --models mlp --depths 2 --rounds 600 --floor --told --fused
+grep -E "on cuda|this|plain|floor" "$O/versions_cuda_fused_told.txt"
 run sweep_cuda_after 100 python3 benchmarks/bench_hook_sweep.py --device cuda --cpu 15 --loops plain --only mlp --depths 2,8 --widths "" --budget 10
 grep -A4 "^| loop" "$O/sweep_cuda_after.txt"
 run profile_cuda_lean_told 45 python3 benchmarks/profile_cuda_lean.py --steps 300 --told
