@@ -212,35 +212,23 @@ def test_under_a_fused_optimizer_steps_rest_on_its_step_count_and_come_out_as_wa
         assert a == b, a["step"]
 
 
-def test_a_fused_optimizer_with_no_step_count_never_lets_a_step_rest() -> None:
-    """torch's fused SGD moves no version counter anywhere the hook could read one (no step count in its
-    state): every step stays watched, its optimizer hooks saying when it updates."""
+def _fused_steps(steps: int, interval_s: float) -> tuple[torch.nn.Module, Any, Any, torch.Tensor]:
+    """A tracker of the MLP under torch's fused AdamW, after ``steps`` usual steps."""
     model, _ = _mlp()
-    opt = torch.optim.SGD(model.parameters(), lr=1e-3, momentum=0.9, fused=True)
-    tracker = anatomy.track(model, opt, publish=False, sample_every=0, interval_s=3600.0)
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3, fused=True)
+    tracker = anatomy.track(model, opt, publish=False, sample_every=0, interval_s=interval_s)
     x = torch.randn(8, 16)
-    watched: list[bool] = []
-    for _ in range(12):
+    for _ in range(steps):
         with tracker.step(samples=8):
-            watched.append(_watched(model))
             _usual(model, opt, x)
-    history = list(tracker.history)
-    tracker.close()
-    assert all(watched), watched
-    assert [s.step for s in history] == list(range(12))
+    return model, opt, tracker, x
 
 
 def test_a_fused_optimizer_made_anew_while_steps_rest_is_adopted_and_its_steps_rest_again() -> None:
     """The witness (the old optimizer's step count) moves no more once the loop steps a new fused AdamW it
     did not tell the tracker of: the next resting step goes the watched way, the look adopts the optimizer,
     and once its step count is learned the steps rest again."""
-    model, _ = _mlp()
-    opt = torch.optim.AdamW(model.parameters(), lr=1e-3, fused=True)
-    tracker = anatomy.track(model, opt, publish=False, sample_every=0, interval_s=0.02)
-    x = torch.randn(8, 16)
-    for _ in range(8):
-        with tracker.step(samples=8):
-            _usual(model, opt, x)
+    model, _, tracker, x = _fused_steps(8, interval_s=0.02)
     new = torch.optim.AdamW(model.parameters(), lr=1e-4, fused=True)
     began = time.perf_counter()
     while time.perf_counter() - began < 5.0 and tracker._optimizer is not new:
@@ -270,13 +258,7 @@ def test_the_witness_is_the_step_count_the_optimizer_holds() -> None:
         def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
             return func(*args, **(kwargs or {}))
 
-    model, _ = _mlp()
-    opt = torch.optim.AdamW(model.parameters(), lr=1e-3, fused=True)
-    tracker = anatomy.track(model, opt, publish=False, sample_every=0, interval_s=3600.0)
-    x = torch.randn(8, 16)
-    for _ in range(6):
-        with tracker.step(samples=8):
-            _usual(model, opt, x)
+    model, opt, tracker, x = _fused_steps(6, interval_s=3600.0)
     probe = tracker._probe_ref()
     count = opt.state[probe]["step"]
     assert tracker._witness_ref() is count
@@ -447,12 +429,18 @@ class _Replacing(torch.optim.Optimizer):
                     p.data = p.data - group["lr"] * p.grad
 
 
-def test_an_optimizer_whose_update_leaves_the_version_counter_never_lets_a_step_rest() -> None:
-    """A resting step's update is seen by the probe parameter's version counter: where the step that looks
-    sees an update that did not move it, every step stays watched (its optimizer hooks say when it
-    updates)."""
+@pytest.mark.parametrize("kind", ["replacing", "fused SGD"])
+def test_an_optimizer_whose_update_moves_no_version_counter_never_lets_a_step_rest(kind: str) -> None:
+    """A resting step's update is seen by a version counter: the probe parameter's, or its step count in the
+    optimizer's state. Where the step that looks sees an update that moved neither (an optimizer that
+    replaces the data; torch's fused SGD, which keeps no step count), every step stays watched (its optimizer
+    hooks say when it updates)."""
     model, _ = _mlp()
-    opt = _Replacing(model.parameters())
+    opt: torch.optim.Optimizer = (
+        _Replacing(model.parameters())
+        if kind == "replacing"
+        else torch.optim.SGD(model.parameters(), lr=1e-3, momentum=0.9, fused=True)
+    )
     tracker = anatomy.track(model, opt, publish=False, sample_every=0, interval_s=3600.0)
     x = torch.randn(8, 16)
     watched: list[bool] = []

@@ -4,6 +4,7 @@ training process's own counts — the independent truth each published figure is
 
 from __future__ import annotations
 
+import dataclasses
 import gc
 import threading
 import time
@@ -104,6 +105,37 @@ def trainer_args(tmp: Path, steps: int, **extra: object) -> object:
         seed=0,
         **extra,
     )
+
+
+# What differs between two runs of the same training whatever the hook does: the times, and what follows from
+# them (suggestions, rates), and the heap's peak (each run starts where the last left it).
+PER_RUN = ("seq", "time", "timing", "suggestions", "achieved_tflops", "mfu")
+PER_RUN += ("peak_bytes", "peak_phase", "at_peak")
+
+
+def comparable(snapshots: Iterable[protocol.Snapshot]) -> list[dict[str, object]]:
+    """The snapshots' fields but PER_RUN, each memory component as present or not: what a run with steps
+    resting must publish as the same run with every step watched does."""
+    return [
+        {k: v for k, v in dataclasses.asdict(s).items() if k not in PER_RUN}
+        | {"memory": {c: v is not None for c, v in s.memory.items()}}
+        for s in snapshots
+    ]
+
+
+def assert_rested_as_watched(watched_run: tuple[Any, ...], resting_run: tuple[Any, ...]) -> None:
+    """A fit of 16 batches of 8 and a last of 6, once with every step watched and once resting where it may
+    (each run: its ``comparable`` snapshots, its losses, whether our hooks were on at each step's forward):
+    from the 5th step on the steps rest, the last one (other samples) is watched, and every snapshot and loss
+    is the watched run's."""
+    (full, full_losses, always), (rested, rest_losses, watched) = watched_run[:3], resting_run[:3]
+    assert all(always) and len(always) == 16
+    assert not any(watched[4:15]) and watched[15], watched  # (the last batch: 6 samples, watched)
+    assert rest_losses == full_losses
+    assert [s["step"] for s in rested] == [s["step"] for s in full] == list(range(16))
+    for a, b in zip(rested, full, strict=True):
+        assert a == b, a["step"]
+    assert rested[-1]["batch_size"] == 6 and rested[-2]["batch_size"] == 8
 
 
 def logged_losses(trainer: object) -> list[float]:

@@ -7,7 +7,6 @@ gradient and optimizer-state sums), and the losses with those of the same fit wi
 from __future__ import annotations
 
 import collections
-import dataclasses
 import os
 import statistics
 import sys
@@ -24,6 +23,7 @@ import anatomy
 from anatomy.hook import resting
 from anatomy.hook.schedule import WARMUP_REFRESH_STEPS
 from anatomy.vocabulary import Component
+from tests.stacks.stack_helpers import assert_rested_as_watched, comparable
 
 BATCHES = 8
 WIDTH = 32
@@ -414,8 +414,6 @@ def test_ordinary_steps_are_lean_and_publish_what_the_full_way_does(
     from anatomy.hook.ordinary import OrdinarySteps
     from anatomy.lightning import AnatomyCallback
 
-    per_run = ("seq", "time", "timing", "suggestions", "achieved_tflops", "mfu")
-    per_run += ("peak_bytes", "peak_phase", "at_peak")  # (the heap's: each run starts where the last left it)
     promoted: list[int] = []
     ended_lean: list[int] = []
     real_promote, real_end = OrdinarySteps._promote, OrdinarySteps._end_ordinary
@@ -440,12 +438,7 @@ def test_ordinary_steps_are_lean_and_publish_what_the_full_way_does(
         ended_lean.clear()
         module = Regressor()
         _fit(module, [AnatomyCallback(interval_s=3600.0, sample_every=0)], tmp_path / str(lean), batches=16)
-        snaps = [
-            {k: v for k, v in dataclasses.asdict(s).items() if k not in per_run}
-            | {"memory": {c: v is not None for c, v in s.memory.items()}}
-            for s in published
-        ]
-        runs.append((snaps, module.losses))
+        runs.append((comparable(published), module.losses))
     (full, full_losses), (lean_snaps, lean_losses) = runs
     assert lean_losses == full_losses
     assert [s["step"] for s in lean_snaps] == [s["step"] for s in full] == list(range(16))
@@ -496,8 +489,6 @@ def test_ordinary_steps_rest_under_no_hook_and_publish_what_watched_steps_do(
 
     from anatomy.lightning import AnatomyCallback
 
-    per_run: tuple[str, ...] = ("seq", "time", "timing", "suggestions", "achieved_tflops", "mfu")
-    per_run += ("peak_bytes", "peak_phase", "at_peak")  # (the heap's: each run starts where the last left it)
     # A process that compiled nothing: earlier tests of this process may have compiled, Dynamo's counters say
     # so process-wide, and then no step rests.
     dynamo = sys.modules.get("torch._dynamo")
@@ -531,20 +522,9 @@ def test_ordinary_steps_rest_under_no_hook_and_publish_what_watched_steps_do(
         floats = torch.utils.data.DataLoader(_Data(samples), batch_size=8, shuffle=False)
         loader = floats if kind == "floats" else _token_loader(samples)
         _fit(module, [callback], tmp_path / str(rest), loader=loader)
-        snaps = [
-            {k: v for k, v in dataclasses.asdict(s).items() if k not in per_run}
-            | {"memory": {c: v is not None for c, v in s.memory.items()}}
-            for s in published
-        ]
-        runs.append((snaps, module.losses, watched, published[-2].timing))
-    (full, full_losses, always, _), (rested, rest_losses, watched, timing) = runs
-    assert all(always) and len(always) == 16
-    assert not any(watched[4:15]) and watched[15], watched  # (the last batch: 6 samples, watched)
-    assert rest_losses == full_losses
-    assert [s["step"] for s in rested] == [s["step"] for s in full] == list(range(16))
-    for a, b in zip(rested, full, strict=True):
-        assert a == b, a["step"]
-    assert rested[-1]["batch_size"] == 6 and rested[-2]["batch_size"] == 8
+        runs.append((comparable(published), module.losses, watched, published[-2].timing))
+    assert_rested_as_watched(*runs)
+    timing = runs[1][3]
     # a resting step's time split: the last build's, scaled to its step
     assert timing.forward_s and timing.backward_s and timing.optimizer_s and timing.step_s
     assert timing.forward_s + timing.backward_s + timing.optimizer_s <= timing.step_s * (1 + 1e-9)

@@ -4,7 +4,6 @@ each step on its batch (the Trainer's ``training_step``, wrapped), told its samp
 from __future__ import annotations
 
 import collections
-import dataclasses
 import sys
 from pathlib import Path
 from typing import Any
@@ -14,6 +13,7 @@ import torch
 
 import anatomy
 from anatomy.hook import resting
+from tests.stacks.stack_helpers import assert_rested_as_watched, comparable
 
 pytestmark = pytest.mark.filterwarnings("ignore::FutureWarning")
 
@@ -67,10 +67,11 @@ class _Model(torch.nn.Module):
         return {"loss": loss}
 
 
-def _train(model: _Model, kind: str, callback: Any, tmp: Path, **args: Any) -> Any:
-    from transformers import Trainer, TrainingArguments
+def _args(tmp: Path, **args: Any) -> Any:
+    """One epoch of batches of 8, nothing saved or logged."""
+    from transformers import TrainingArguments
 
-    training_args = TrainingArguments(
+    return TrainingArguments(
         output_dir=str(tmp / "out"),
         per_device_train_batch_size=8,
         num_train_epochs=1,
@@ -82,8 +83,13 @@ def _train(model: _Model, kind: str, callback: Any, tmp: Path, **args: Any) -> A
         dataloader_num_workers=0,
         **args,
     )
+
+
+def _train(model: _Model, callback: Any, tmp: Path, data: Any, **args: Any) -> Any:
+    from transformers import Trainer
+
     model.callback = callback
-    trainer = Trainer(model=model, args=training_args, train_dataset=_Data(kind), callbacks=[callback])
+    trainer = Trainer(model=model, args=_args(tmp, **args), train_dataset=data, callbacks=[callback])
     trainer.train()
     return trainer
 
@@ -96,8 +102,6 @@ def test_ordinary_trainer_steps_rest_under_no_hook_and_publish_what_watched_step
     ours on the model and no optimizer hook in torch's global dict; the last batch (6 samples, not 8) is
     watched. Every published snapshot but its times is what the same run publishes with every step watched,
     and the losses are the same."""
-    per_run: tuple[str, ...] = ("seq", "time", "timing", "suggestions", "achieved_tflops", "mfu")
-    per_run += ("peak_bytes", "peak_phase", "at_peak")  # (the heap's: each run starts where the last left it)
     dynamo = sys.modules.get("torch._dynamo")  # (a process that compiled nothing: see test_resting)
     if dynamo is not None:
         monkeypatch.setattr(dynamo.utils, "counters", collections.defaultdict(collections.Counter))
@@ -107,21 +111,10 @@ def test_ordinary_trainer_steps_rest_under_no_hook_and_publish_what_watched_step
         published.clear()
         model = _Model(kind)
         callback = anatomy.AnatomyCallback(interval_s=3600.0, sample_every=0, log=False)
-        _train(model, kind, callback, tmp_path / str(rest))
-        snaps = [
-            {k: v for k, v in dataclasses.asdict(s).items() if k not in per_run}
-            | {"memory": {c: v is not None for c, v in s.memory.items()}}
-            for s in published
-        ]
-        runs.append((snaps, model.losses, model.watched, published[-2].timing, callback))
-    (full, full_losses, always, _, _), (rested, rest_losses, watched, timing, callback) = runs
-    assert all(always) and len(always) == 16
-    assert not any(watched[4:15]) and watched[15], watched  # (the last batch: 6 samples, watched)
-    assert rest_losses == full_losses
-    assert [s["step"] for s in rested] == [s["step"] for s in full] == list(range(16))
-    for a, b in zip(rested, full, strict=True):
-        assert a == b, a["step"]
-    assert rested[-1]["batch_size"] == 6 and rested[-2]["batch_size"] == 8
+        _train(model, callback, tmp_path / str(rest), _Data(kind))
+        runs.append((comparable(published), model.losses, model.watched, published[-2].timing, callback))
+    assert_rested_as_watched(*runs)
+    timing, callback = runs[1][3:]
     if kind == "tokens":
         assert timing.tokens_per_s == pytest.approx(6 * timing.samples_per_s)
     # a resting step's time split: the last build's, scaled to its step
@@ -136,7 +129,7 @@ def test_accumulating_trainer_steps_are_not_told_their_batch(published: list[Any
     8 and 6), and no step rests."""
     model = _Model("floats")
     callback = anatomy.AnatomyCallback(interval_s=3600.0, sample_every=0, log=False)
-    trainer = _train(model, "floats", callback, tmp_path, gradient_accumulation_steps=2)
+    trainer = _train(model, callback, tmp_path, _Data("floats"), gradient_accumulation_steps=2)
     assert not callback._tells and getattr(trainer.training_step, "_anatomy_tells", None) is None
     assert all(model.watched) and len(model.watched) == 16
     told = [round(s.timing.samples_per_s * s.timing.step_s) for s in published]
@@ -158,23 +151,9 @@ def test_a_batch_with_no_key_the_forward_reads_is_watched(published: list[Any], 
         ) -> dict[str, torch.Tensor]:
             return super().forward(x=features, labels=labels)
 
-    from transformers import Trainer, TrainingArguments
-
     model = OtherModel("floats")
     callback = anatomy.AnatomyCallback(interval_s=3600.0, sample_every=0, log=False)
-    model.callback = callback
-    args = TrainingArguments(
-        output_dir=str(tmp_path / "out"),
-        per_device_train_batch_size=8,
-        num_train_epochs=1,
-        report_to="none",
-        use_cpu=True,
-        save_strategy="no",
-        logging_strategy="no",
-        disable_tqdm=True,
-    )
-    data = Other("floats")
-    Trainer(model=model, args=args, train_dataset=data, callbacks=[callback]).train()
+    _train(model, callback, tmp_path, Other("floats"))
     assert all(model.watched) and len(model.watched) == 16
     # (as the forward hook sees it: keyword arguments of no name it reads, so no samples, as before)
     assert [s.step for s in published] == list(range(16)) and all(s.batch_size is None for s in published)
@@ -186,10 +165,10 @@ def test_a_step_whose_training_step_never_runs_begins_late_and_the_next_ones_at_
     """A Trainer whose loop calls something else than its training_step (the callback's events only): the
     step still pending at on_pre_optimizer_step begins there, and from the next step on every step begins
     at on_step_begin again, watched, its samples counted by the forward hook."""
-    from transformers import TrainerControl, TrainerState, TrainingArguments
+    from transformers import TrainerControl, TrainerState
 
     model = _Model("floats")
-    args = TrainingArguments(output_dir=str(tmp_path / "out"), use_cpu=True, report_to="none")
+    args = _args(tmp_path)
     callback = anatomy.AnatomyCallback(interval_s=3600.0, sample_every=0, log=False)
     opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
     state, control = TrainerState(), TrainerControl()
