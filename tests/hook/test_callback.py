@@ -153,6 +153,7 @@ def test_trainer_disabled_by_environment(
     assert "train" not in vars(trainer)  # not wrapped
     trainer.train()
     assert callback.tracker is not None and not callback.tracker.enabled
+    assert "training_step" not in vars(trainer) and not callback._tells  # (nothing wrapped, no step told)
     assert not model._forward_pre_hooks
     assert not runtime_dir.exists() or not list(runtime_dir.iterdir())
 
