@@ -132,7 +132,6 @@ from pathlib import Path
 src, depth, threads = sys.argv[1], int(sys.argv[2]), int(sys.argv[4])
 if src not in ("-", "floor"):
     sys.path.insert(0, src)
-import logging
 import torch
 warnings.filterwarnings("ignore")
 import transformers
@@ -191,8 +190,8 @@ elif src != "-":
     import anatomy
     if not anatomy.__file__.startswith(src):
         raise SystemExit(f"anatomy came from {anatomy.__file__}, not {src}")
-    callback = anatomy.AnatomyCallback(directory=Path(tempfile.mkdtemp()), sample_every=10**9, log=False)
-    callbacks.append(callback)
+    ours = anatomy.AnatomyCallback(directory=Path(tempfile.mkdtemp()), sample_every=10**9, log=False)
+    callbacks.append(ours)
 callbacks.append(End(start))
 out = tempfile.mkdtemp()
 args = TrainingArguments(output_dir=out, per_device_train_batch_size=4, max_steps=10**9, report_to="none",

@@ -26,7 +26,6 @@ from __future__ import annotations
 
 import functools
 import sys
-from collections.abc import Mapping
 from types import FrameType
 from typing import Any
 
@@ -36,7 +35,7 @@ from transformers import TrainerCallback
 from anatomy.hook import trainer_logs
 from anatomy.hook.callback_base import CallbackBase
 from anatomy.hook.detect import detect_precision
-from anatomy.hook.phases import BATCH_KEYS
+from anatomy.hook.phases import keyword_batch
 from anatomy.hook.tensors import dominant_dtype
 from anatomy.hook.tracker import Tracker, hook_disabled
 
@@ -45,18 +44,6 @@ _TELLS = "_anatomy_tells"  # (a training_step wrapper that begins the callback's
 # Where a Trainer step is: between steps; begun by on_step_begin, its batch still to come (training_step);
 # begun on its batch and watched (our calls made); begun on its batch and resting (none made).
 OUTSIDE, PENDING, WATCHED, RESTING = 0, 1, 2, 3
-
-
-def _batch_tensor(inputs: Any) -> torch.Tensor | None:
-    """The tensor of a Trainer's batch that the model's forward hook reads first, where the Trainer calls
-    ``model(**inputs)``: the first of ``BATCH_KEYS`` present (None: no mapping, or none of them)."""
-    if not isinstance(inputs, Mapping):
-        return None
-    for key in BATCH_KEYS:
-        value = inputs.get(key)
-        if isinstance(value, torch.Tensor):
-            return value
-    return None
 
 
 def _find_trainer(max_depth: int = 10) -> Any:
@@ -212,7 +199,7 @@ class AnatomyCallback(CallbackBase, TrainerCallback):
         if tracker is None:
             return
         inputs = kwargs["inputs"] if "inputs" in kwargs else args[1] if len(args) > 1 else None
-        x = _batch_tensor(inputs)
+        x = keyword_batch(inputs)  # (what the forward hook reads where the Trainer calls model(**inputs))
         if x is None:  # (not told: watched, its samples counted by the forward hook)
             tracker.begin_step()
         elif tracker.batch_begins(x):

@@ -10,6 +10,7 @@ run on every step: each is one guarded section (the guard's contract) and spares
 from __future__ import annotations
 
 import logging
+from collections.abc import Mapping
 from time import perf_counter
 from typing import Any
 
@@ -36,6 +37,18 @@ UNSEEN_UPDATES_WARNING = 3  # updates without any step seen before the tracker s
 BATCH_KEYS = ("input_ids", "inputs_embeds", "pixel_values", "input_values", "input_features", "x", "input")
 
 
+def keyword_batch(kwargs: Any) -> torch.Tensor | None:
+    """The batch tensor among a forward's keyword arguments: the first of ``BATCH_KEYS`` that holds a tensor
+    (None: ``kwargs`` is no mapping, or none does). The forward hook runs this rule written out."""
+    if not isinstance(kwargs, Mapping):
+        return None
+    for key in BATCH_KEYS:
+        value = kwargs.get(key)
+        if isinstance(value, torch.Tensor):
+            return value
+    return None
+
+
 class PhaseHooks(CountingWindow):
     """The boundaries inside a step (the sampled step's instruments below them)."""
 
@@ -51,7 +64,7 @@ class PhaseHooks(CountingWindow):
                     return
                 self._begin(auto=True)
                 lean = self._lean
-            x = None  # the batch tensor (first_tensor, written out)
+            x = None  # the batch tensor (keyword_batch, then the first positional tensor, written out)
             if kwargs:
                 for key in BATCH_KEYS:
                     value = kwargs.get(key)

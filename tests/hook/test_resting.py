@@ -5,9 +5,7 @@ every step."""
 
 from __future__ import annotations
 
-import collections
 import dataclasses
-import sys
 import time
 from typing import Any
 
@@ -26,14 +24,7 @@ from tests.hook.test_lean_steps import (
     _usual,
 )
 
-
-@pytest.fixture(autouse=True)
-def _nothing_compiled(monkeypatch: pytest.MonkeyPatch) -> None:
-    """A process that compiled nothing (earlier tests of this process may have compiled: Dynamo's counters
-    say so process-wide, and then the forward never rests)."""
-    dynamo = sys.modules.get("torch._dynamo")
-    if dynamo is not None:
-        monkeypatch.setattr(dynamo.utils, "counters", collections.defaultdict(collections.Counter))
+pytestmark = pytest.mark.usefixtures("nothing_compiled")  # (tests/conftest.py)
 
 
 def _watched(model: torch.nn.Module) -> bool:

@@ -6,10 +6,8 @@ gradient and optimizer-state sums), and the losses with those of the same fit wi
 
 from __future__ import annotations
 
-import collections
 import os
 import statistics
-import sys
 import time
 from pathlib import Path
 from types import SimpleNamespace
@@ -478,7 +476,7 @@ def _token_loader(samples: int) -> Any:
 
 @pytest.mark.parametrize("kind", ["floats", "tokens", "fused"])
 def test_ordinary_steps_rest_under_no_hook_and_publish_what_watched_steps_do(
-    published: list[Any], tmp_path: Path, monkeypatch: pytest.MonkeyPatch, kind: str
+    published: list[Any], tmp_path: Path, monkeypatch: pytest.MonkeyPatch, kind: str, nothing_compiled: None
 ) -> None:
     """The callback tells each step its batch's samples and tokens (Tracker.batch_begins), so an ordinary
     step of the last look's batch shape rests as README's loop does: no forward hook of ours on the module
@@ -489,11 +487,6 @@ def test_ordinary_steps_rest_under_no_hook_and_publish_what_watched_steps_do(
 
     from anatomy.lightning import AnatomyCallback
 
-    # A process that compiled nothing: earlier tests of this process may have compiled, Dynamo's counters say
-    # so process-wide, and then no step rests.
-    dynamo = sys.modules.get("torch._dynamo")
-    if dynamo is not None:
-        monkeypatch.setattr(dynamo.utils, "counters", collections.defaultdict(collections.Counter))
     runs = []
     for rest in (False, True):
         monkeypatch.setattr(resting, "REST_ON", rest)
