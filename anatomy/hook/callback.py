@@ -156,11 +156,8 @@ class AnatomyCallback(CallbackBase, TrainerCallback):
             tracker.set_precision(precision, grad_scaler=autocast == torch.float16)
         trainer = _find_trainer() if not hook_disabled() else None
         self._tells = False
-        if trainer is not None and int(getattr(args, "gradient_accumulation_steps", 1) or 1) == 1:
-            self._tells = self._wrap_training_step(trainer)
-        elif not self._wrapped_train and trainer is not None:
-            self._wrap(trainer, "training_step")
         if trainer is not None:
+            self._tells = self._wrap_training_step(trainer)
             _register_other_models(tracker, trainer, model)
 
     def _wrap_training_step(self, trainer: Any) -> bool:
@@ -236,8 +233,14 @@ class AnatomyCallback(CallbackBase, TrainerCallback):
             self._guard("on_optimizer_step", self.tracker.optimizer_end)
 
     def on_substep_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
-        if self._in_step != RESTING and self.tracker is not None and self._begun("on_substep_end"):
-            self._guard("on_substep_end", self.tracker.backward_end)
+        tracker = self.tracker
+        if tracker is None:
+            return
+        if self._tells and self._in_step >= WATCHED:  # (begun on its batch: the micro-batch's block ends)
+            self._in_step = PENDING  # (the next micro-batch's block begins on its batch)
+            self._guard("on_substep_end", tracker.end_step)
+        elif self._begun("on_substep_end"):
+            self._guard("on_substep_end", tracker.backward_end)
 
     def on_step_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
         tracker = self.tracker

@@ -40,6 +40,10 @@ from anatomy.vocabulary import Phase
 
 # How far the usual step has come.
 BEGUN, IN_FORWARD, FORWARD_DONE, IN_OPTIMIZER, UPDATED = range(5)
+# A resting step between two of its blocks (gradient accumulation: a block ended without an update, as the
+# look's did): only the next block's begin goes on from here; any other call makes it the record the
+# general path holds between blocks (suspended).
+BETWEEN = -1
 # The phase a step is in at each stage (BEGUN: none yet).
 PHASE_AT = (Phase.OTHER, Phase.FORWARD, Phase.BACKWARD, Phase.OPTIMIZER, Phase.OTHER)
 # What the next ordinary step may do (RestGate.ok): never rest, or rest (REST: begin at FORWARD_DONE,
@@ -71,6 +75,7 @@ class LeanStep:
         "active",
         "auto",
         "backward_ended",
+        "blocks",
         "clock",
         "closure",
         "depth",
@@ -80,6 +85,7 @@ class LeanStep:
         "framework",
         "grads_begin",
         "index",
+        "micro",
         "opt_begin",
         "optimizer_post",
         "optimizer_pre",
@@ -121,6 +127,10 @@ class LeanStep:
         # The probe parameter's version counter at the step's start (its update moves it: no optimizer hook
         # of ours runs on a resting step; a record made of the step may let the next ones rest).
         self.version = 0
+        # A resting step's blocks begun, and the forwards of those before the one in progress (the look's
+        # per block: its forwards run unseen).
+        self.blocks = 1
+        self.micro = 0
 
     def learn_shape(self, shape: tuple[int, ...] | None) -> None:
         """The batch shape an ordinary step's forward may have (the one counted last)."""
@@ -134,13 +144,21 @@ class LeanStep:
         self.shape_tokens = tokens
 
     def record(
-        self, spare: StepRecord | None, gradients: int, optimizer_states: int, on_device: bool = False
+        self,
+        spare: StepRecord | None,
+        gradients: int,
+        optimizer_states: int,
+        on_device: bool = False,
+        per_block: int = 1,
+        updated: bool = False,
     ) -> StepRecord:
         """This step as the general path's record at the same point (``spare``: a record to reuse, one
         that ended plain and is referenced nowhere else). ``gradients`` and ``optimizer_states``: the
         tracker's sums, which change only on steps that measure — what this step read at the time.
         ``on_device``: the tracker's steps are timed on CUDA; one the device did not time (no ``clock``)
-        goes the full way all the same (never ``plain``: the allocator read at each phase)."""
+        goes the full way all the same (never ``plain``: the allocator read at each phase). A resting
+        step's forwards ran unseen: ``per_block`` a block, as the look's. Between blocks (``BETWEEN``) it is
+        suspended — ``updated`` too where its optimizer stepped after the block, outside any."""
         index, auto, samples, tokens = self.index, self.auto, self.samples, self.tokens
         device = self.clock
         if device is not None:  # timed on the device: the record takes the step's clock, its events marked,
@@ -166,9 +184,22 @@ class LeanStep:
         marks: list[tuple[str, object]] = [] if device is not None else rec.clock.marks
         marks.append((BEGIN, self.started))
         stage = self.stage
-        watched = not self.resting  # (a resting step's forward ran unseen: one, as the step before it)
+        watched = not self.resting  # (a resting step's forward ran unseen: as the step before it)
+        if not watched:
+            rec.blocks = self.blocks
+            rec.micro = self.micro
+        if stage == BETWEEN:
+            rec.suspended = True
+            # (its blocks' forwards ran unseen, on the samples and tokens they were told: what a watched
+            # forward would have counted, should a later block not be told its own)
+            rec.samples_seen, rec.tokens_seen = samples or 0, tokens or 0
+            marks.append((BACKWARD_END, self.backward_ended))
+            if updated:
+                rec.optimizer_ran = rec.updated = True
+                rec.grads, rec.opt_after = gradients, optimizer_states
+            return rec
         if stage >= IN_FORWARD:
-            rec.micro = 1
+            rec.micro = 1 if watched else self.micro + per_block
             rec.samples_seen, rec.tokens_seen = self.samples_seen, self.tokens_seen
             if watched:
                 marks.append((FORWARD_PRE, self.forward_pre))

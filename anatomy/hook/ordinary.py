@@ -25,6 +25,7 @@ from anatomy.hook.distributed import communication_bytes, ddp_buckets
 from anatomy.hook.guard import Feature
 from anatomy.hook.lean import (
     BEGUN,
+    BETWEEN,
     PHASE_AT,
     DeviceTimed,
 )
@@ -372,7 +373,18 @@ class OrdinarySteps(StepSnapshots):
         """The lean step in progress goes on as a record, on the general path."""
         lean = self._lean
         sums = self._sums
-        rec = lean.record(self._spare, sums.gradients, sums.optimizer_states, self._lean_on_device)
+        updated = False
+        if lean.stage == BETWEEN:  # (its optimizer stepped after the block, outside any: as a record sees)
+            witness = self._gate.witness()
+            updated = witness is not None and witness._version != lean.version
+        rec = lean.record(
+            self._spare,
+            sums.gradients,
+            sums.optimizer_states,
+            self._lean_on_device,
+            self._gate.micro,
+            updated,
+        )
         lean.active = False
         self._gate.close()  # (a step that stopped being ordinary: the next look says again)
         if lean.resting:  # the rest of the step goes on watched
@@ -393,7 +405,7 @@ class OrdinarySteps(StepSnapshots):
             lean = self._lean_other if self._lean.active else self._lean
             sums = self._sums
             rec = self._finished = lean.record(
-                None, sums.gradients, sums.optimizer_states, self._lean_on_device
+                None, sums.gradients, sums.optimizer_states, self._lean_on_device, self._gate.micro
             )
             self._finished_lean = False
             memory = self._memory

@@ -22,9 +22,12 @@ class RestGate:
     step must share (its samples, its gradients at the start)."""
 
     __slots__ = (
+        "block_samples",
+        "blocks",
         "default_samples",
         "grads",
         "key",
+        "micro",
         "need_tokens",
         "ok",
         "opt_states",
@@ -45,6 +48,12 @@ class RestGate:
         self.witness: Any = no_parameter  # (a weak reference to the tensor whose version an update moves)
         self.samples: int | None = None  # the build's; a resting step's own, or the default, must equal it
         self.default_samples: int | None = None
+        # The look's blocks (gradient accumulation: micro-batches in blocks of their own), each told
+        # ``block_samples`` (its share of ``samples``), and the forwards of each (a step of one block may
+        # run several: a resting step's run unseen).
+        self.blocks = 1
+        self.block_samples: int | None = None
+        self.micro = 1
         self.need_tokens = False
         self.grads = ANY_GRAD  # the probe's gradient set (1) or None (0) at the start, as at the build's
         self.start_grads = self.opt_states = 0  # the tracker's sums at a resting step's start

@@ -42,6 +42,7 @@ import torch
 
 from anatomy.hook.guard import Feature
 from anatomy.hook.lean import (
+    BETWEEN,
     FORWARD_DONE,
     IN_OPTIMIZER,
     NEED_SAMPLES,
@@ -69,13 +70,15 @@ class RestingSteps(OrdinarySteps):
         """Begin a resting step, where the gate lets it through (False: ``begin_step`` goes on)."""
         gate = self._gate
         try:
+            if self._lean.active:  # (its next block, where it rests between two)
+                return self._rest_next_block(samples, tokens)
             index = self._steps_done
             lean = self._lean_other  # (the two alternate: the one that ended stays readable)
-            if index >= gate.until or self._lean.active:
+            if index >= gate.until:
                 return False
             if self._lean_on_device and perf_counter() >= self._device_due:
                 return False  # (a step the device times: our hooks mark its phases, on the lean way)
-            if (samples if samples is not None else gate.default_samples) != gate.samples:
+            if (samples if samples is not None else gate.default_samples) != gate.block_samples:
                 return False
             if tokens is None and gate.need_tokens:
                 return False
@@ -95,6 +98,8 @@ class RestingSteps(OrdinarySteps):
             lean.index, lean.samples, lean.tokens = index, samples, tokens
             lean.stage = FORWARD_DONE
             lean.backward_ended = 0.0
+            lean.blocks = 1
+            lean.micro = 0
             lean.version = witness._version
             lean.active = True
             if not self._resting:
@@ -105,6 +110,26 @@ class RestingSteps(OrdinarySteps):
         except Exception as exc:
             self._guard.fail(Feature.STEP, exc)
             return False
+
+    def _rest_next_block(self, samples: int | None, tokens: int | None) -> bool:
+        """The next block of a resting step that rests between two (gradient accumulation, a block a
+        micro-batch: :meth:`_rest_updated`), where it is told its share of the look's samples (False: the
+        step becomes the record the general path holds between blocks, which goes on from there)."""
+        lean = self._lean
+        gate = self._gate
+        if lean.stage != BETWEEN or samples != gate.block_samples:
+            return False
+        if tokens is None and gate.need_tokens:
+            return False
+        witness = gate.witness()
+        if witness is None or witness._version != lean.version:
+            return False  # (its optimizer stepped after the last block: the record says so)
+        lean.blocks += 1
+        lean.samples += samples  # type: ignore[operator]  # (every block told: _rest_allow)
+        lean.tokens = None if tokens is None or lean.tokens is None else lean.tokens + tokens
+        lean.stage = FORWARD_DONE
+        lean.backward_ended = 0.0
+        return True
 
     def _prime(self, lean: LeanStep) -> None:
         """What every resting step of ``lean`` holds alike (until it is used another way: ``resting``
@@ -118,31 +143,43 @@ class RestingSteps(OrdinarySteps):
         lean.grads_begin, lean.opt_begin = gate.start_grads, gate.opt_states
         lean.resting = True
 
-    def _rest_updated(self, lean: LeanStep) -> None:
-        """A resting step ends: where the probe parameter's version moved (the optimizer updated it, under no
+    def _rest_updated(self, lean: LeanStep) -> bool:
+        """A resting step's block ends: where the witness's version moved (the optimizer updated, under no
         hook of ours), it is at ``UPDATED`` — its optimizer not timed (NaN) unless a framework's
         ``optimizer_begin``/``optimizer_end`` timed it — and ends in O(1) as any ordinary step does
-        (``_end_ordinary``); where nothing moved, it is a block without an update."""
+        (``_end_ordinary``); where nothing moved, it is a block without an update, which the next block
+        continues: resting between the two (``BETWEEN``; True) while the look's step had more blocks,
+        else as the record the general path holds between blocks."""
         try:
             stage = lean.stage
-            if stage == UPDATED:
-                return
-            witness = self._gate.witness()
-            if witness is None or witness._version == lean.version:
-                return  # (no update: a block the next one continues)
+            if stage in (UPDATED, BETWEEN):  # (BETWEEN: an end without a begin, as a record)
+                return False
+            gate = self._gate
+            witness = gate.witness()
+            if witness is None or witness._version == lean.version:  # (no update)
+                if lean.blocks < gate.blocks and stage == FORWARD_DONE and gate.ok:
+                    lean.micro += gate.micro
+                    lean.stage = BETWEEN
+                    lean.backward_ended = perf_counter()
+                    return True
+                return False
             if stage != IN_OPTIMIZER or not lean.optimizer_post >= lean.optimizer_pre:
                 lean.optimizer_pre = lean.optimizer_post = _NAN
             lean.stage = UPDATED
         except Exception as exc:
             self._guard.fail(Feature.STEP, exc)
+        return False
 
     def _rest_allow(self, rec: StepRecord) -> None:
         """After ``rec`` ended in full: may the next ordinary steps rest, and on what."""
         gate = self._gate
         gate.ok = REST_NEVER
         kind = self._rest_kind(rec)
-        if not kind or self._base_micro != 1 or self._base_samples is None or self._counter.active:
+        if not kind or self._base_micro != rec.micro or self._base_samples is None or self._counter.active:
             return
+        blocks = rec.blocks
+        if blocks > 1 and self._base_samples % blocks:
+            return  # (blocks of unlike samples: each resting block is told its share)
         sums = self._sums
         base_grads = self._base_grads_begin
         if base_grads not in (0, sums.gradients):
@@ -155,7 +192,10 @@ class RestingSteps(OrdinarySteps):
         gate.witness = ref if ref is not None else no_parameter
         gate.probe_data = self._probe_data if self._probe_data is not None else -1
         gate.samples = self._base_samples
-        gate.default_samples = throughput.default_samples
+        gate.blocks, gate.micro = blocks, rec.micro // blocks
+        gate.block_samples = self._base_samples // blocks
+        # (the tracker's default is a step's: under accumulation in blocks, each is told its own)
+        gate.default_samples = throughput.default_samples if blocks == 1 else None
         gate.need_tokens = bool(kind & NEED_TOKENS)
         gate.grads = ANY_GRAD if sums.gradients == 0 else int(base_grads != 0)
         gate.start_grads, gate.opt_states = base_grads, sums.optimizer_states
@@ -180,8 +220,8 @@ class RestingSteps(OrdinarySteps):
             return REST_NEVER
         if self._compiled():  # (compiled in this step: the next step's begin looks, its hooks wrapped)
             return REST_NEVER
-        if rec.blocks != 1 or rec.micro != 1 or not rec.updated or rec.closure:
-            return REST_NEVER
+        if rec.micro < 1 or rec.micro % rec.blocks or rec.suspended or not rec.updated or rec.closure:
+            return REST_NEVER  # (each block its forwards, the update in the last: gradient accumulation)
         if not any(kind == FORWARD_PRE for kind, _ in rec.clock.marks):
             return REST_NEVER  # (its forward went unwatched and it did not end as usual: the next one looks)
         # A resting step's update is seen by one version counter alone (the witness's): one optimizer, whose

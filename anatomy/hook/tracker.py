@@ -279,8 +279,9 @@ class Tracker(RestingSteps):
         error writes the last snapshot with the error text to the OOM file."""
         lean = self._lean
         if lean.active:
-            if lean.resting and exc is None:
-                self._rest_updated(lean)  # (its update seen by the probe's version: no hook of ours saw it)
+            # (its update seen by the witness's version: no hook of ours saw it; none: the next block's)
+            if lean.resting and exc is None and self._rest_updated(lean):
+                return  # (resting between blocks: the next one goes on from here)
             if exc is None and lean.stage == UPDATED:
                 try:  # the usual step ends in O(1) where _end_ordinary allows
                     t = perf_counter()
@@ -290,7 +291,7 @@ class Tracker(RestingSteps):
                     if (check is None or check()) and self._end_ordinary(
                         lean.index,
                         lean.auto,
-                        1,
+                        lean.micro + self._gate.micro if lean.resting else 1,
                         lean.grads_begin,
                         lean.samples,
                         lean.tokens,

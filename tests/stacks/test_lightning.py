@@ -565,3 +565,41 @@ def test_a_tracker_call_that_fails_is_said_and_never_stops_the_fit(
     # (a step never ended is ended by the next batch's begin_step: that one fails too, where it is called)
     rest = set(said) - set(at_event)
     assert not rest or (call == "end_step" and all("on_train_batch_start failed" in m for m in rest))
+
+
+def test_accumulating_steps_rest_under_no_hook_and_publish_what_watched_steps_do(
+    published: list[Any], tmp_path: Path, monkeypatch: pytest.MonkeyPatch, nothing_compiled: None
+) -> None:
+    """Under ``accumulate_grad_batches`` each batch is a block of the step its update ends (told its
+    samples): an ordinary step of four rests between its blocks as well — no hook of ours while any of its
+    batches runs — and every snapshot but its times is the same fit's with every step watched; the last
+    step (a batch of 6) is watched."""
+    from anatomy.lightning import AnatomyCallback
+
+    runs = []
+    for rest in (False, True):
+        monkeypatch.setattr(resting, "REST_ON", rest)
+        published.clear()
+        module = Regressor()
+        watched: list[bool] = []
+        step = module.training_step
+
+        def training_step(
+            batch: Any, batch_idx: int, module: Any = module, step: Any = step, watched: list[bool] = watched
+        ) -> Any:
+            watched.append(bool(module._forward_pre_hooks))
+            return step(batch, batch_idx)
+
+        module.training_step = training_step  # type: ignore[method-assign]
+        loader = torch.utils.data.DataLoader(_Data(64 * 8 - 2), batch_size=8, shuffle=False)
+        callback = AnatomyCallback(interval_s=3600.0, sample_every=0)
+        _fit(module, [callback], tmp_path / str(rest), loader=loader, accumulate_grad_batches=4)
+        runs.append((comparable(published), module.losses, watched))
+    (full, full_losses, always), (rested, rest_losses, flags) = runs
+    assert all(always) and len(always) == len(flags) == 64
+    assert not any(flags[4 * 4 : 15 * 4]) and flags[-1], flags  # (from the 5th step; the last watched)
+    assert rest_losses == full_losses
+    assert [s["step"] for s in rested] == [s["step"] for s in full] == list(range(16))
+    for a, b in zip(rested, full, strict=True):
+        assert a == b, a["step"]
+    assert rested[-2]["grad_accum_steps"] == 4 and rested[-2]["batch_size"] == 8

@@ -124,17 +124,39 @@ def test_ordinary_trainer_steps_rest_under_no_hook_and_publish_what_watched_step
     assert callback.tracker.closed
 
 
-def test_accumulating_trainer_steps_are_not_told_their_batch(published: list[Any], tmp_path: Path) -> None:
-    """Under gradient accumulation a step's samples are every micro-batch's: the step begins at
-    on_step_begin and the model's forward hook counts them (two micro-batches of 8 a step; the epoch's last,
-    8 and 6), and no step rests."""
-    model = _Model("floats")
-    callback = anatomy.AnatomyCallback(interval_s=3600.0, sample_every=0, log=False)
-    trainer = _train(model, callback, tmp_path, _Data("floats"), gradient_accumulation_steps=2)
-    assert not callback._tells and getattr(trainer.training_step, "_anatomy_tells", None) is None
-    assert all(model.watched) and len(model.watched) == 16
-    told = [round(s.timing.samples_per_s * s.timing.step_s) for s in published]
-    assert told == [16] * 7 + [14] and [s.grad_accum_steps for s in published] == [2] * 8
+def test_accumulating_trainer_steps_are_told_their_batches_and_rest(
+    published: list[Any], tmp_path: Path, monkeypatch: pytest.MonkeyPatch, nothing_compiled: None
+) -> None:
+    """Under gradient accumulation each micro-batch is a block of its step, begun on its batch in
+    ``training_step`` and ended at ``on_substep_end`` (the last at ``on_step_end``), told its samples and
+    tokens: two micro-batches of 8 a step, the epoch's last 8 and 6. From the 5th step on, a step's
+    micro-batches run with no hook of ours (it rests between them); the last step's second micro-batch
+    (other samples) is watched. Every snapshot but its times is the same run's with every step watched, and
+    the losses are a run's without the callback."""
+    runs = []
+    for rest in (False, True):
+        monkeypatch.setattr(resting, "REST_ON", rest)
+        published.clear()
+        model = _Model("tokens")
+        callback = anatomy.AnatomyCallback(interval_s=3600.0, sample_every=0, log=False)
+        trainer = _train(
+            model, callback, tmp_path / str(rest), _Data("tokens"), gradient_accumulation_steps=2
+        )
+        told = [round(s.timing.samples_per_s * s.timing.step_s) for s in published]
+        accum = [s.grad_accum_steps for s in published]
+        runs.append((comparable(published), model.losses, model.watched, told, accum, callback, trainer))
+    (full, full_losses, always, told_full, accum_full), rest_run = runs[0][:5], runs[1]
+    rested, losses, watched, told, accum, callback, trainer = rest_run
+    assert callback._tells and getattr(trainer.training_step, "_anatomy_tells", None) is callback
+    assert all(always) and len(always) == len(watched) == 16
+    assert not any(watched[8:15]) and watched[15], watched
+    assert told == told_full == [16] * 7 + [14] and accum == accum_full == [2] * 8
+    plain = _Model("tokens")
+    _train(plain, None, tmp_path / "plain", _Data("tokens"), gradient_accumulation_steps=2)
+    assert losses == full_losses == plain.losses
+    assert [s["step"] for s in rested] == [s["step"] for s in full] == list(range(8))
+    for a, b in zip(rested, full, strict=True):
+        assert a == b, a["step"]
 
 
 def test_a_batch_with_no_key_the_forward_reads_is_watched(published: list[Any], tmp_path: Path) -> None:
