@@ -25,6 +25,7 @@ Usage:
   python benchmarks/bench_hook_versions.py --told      # steps told their samples and tokens (README's loop)
   python benchmarks/bench_hook_versions.py --models trainer,lightning --floor   # the frameworks' callbacks
   python benchmarks/bench_hook_versions.py --told --fused  # under torch's fused AdamW (the Trainer's default)
+  python benchmarks/bench_hook_versions.py --told --accumulate 4 --models mlp,trainer  # 4 micro-batches each
 """
 
 from __future__ import annotations
@@ -130,6 +131,7 @@ TRAINER_WORKER = r"""
 import os, sys, tempfile, time, warnings
 from pathlib import Path
 src, depth, threads = sys.argv[1], int(sys.argv[2]), int(sys.argv[4])
+accumulate = int(sys.argv[8])  # micro-batches a step (gradient_accumulation_steps)
 if src not in ("-", "floor"):
     sys.path.insert(0, src)
 import torch
@@ -152,7 +154,7 @@ x = torch.randn(64)
 class Batches(torch.utils.data.IterableDataset):
     def __iter__(self):
         for _ in sys.stdin:
-            for _ in range(4):
+            for _ in range(4 * accumulate):
                 yield {"x": x}
         os._exit(0)  # (stdin closed: the run is over; a Trainer of max_steps would start its epoch anew)
 class Start(TrainerCallback):
@@ -183,6 +185,8 @@ if src == "floor":  # the callback's calls and the hooks the anatomy callback re
             pass
         def on_optimizer_step(self, *args, **kwargs):
             pass
+        def on_substep_end(self, *args, **kwargs):
+            pass
         def on_step_end(self, *args, **kwargs):
             pass
     callbacks.append(Floor())
@@ -196,7 +200,7 @@ callbacks.append(End(start))
 out = tempfile.mkdtemp()
 args = TrainingArguments(output_dir=out, per_device_train_batch_size=4, max_steps=10**9, report_to="none",
                          use_cpu=True, save_strategy="no", logging_strategy="no", disable_tqdm=True,
-                         dataloader_num_workers=0)
+                         dataloader_num_workers=0, gradient_accumulation_steps=accumulate)
 trainer = Trainer(model=model, args=args, train_dataset=Batches(), callbacks=callbacks)
 print("ready", flush=True)
 trainer.train()
@@ -209,6 +213,7 @@ from pathlib import Path
 src, depth, kind, threads, device = sys.argv[1], int(sys.argv[2]), sys.argv[3], int(sys.argv[4]), sys.argv[5]
 told = sys.argv[6] == "told"
 fused = sys.argv[7] == "fused"  # torch's fused AdamW: its kernel moves no parameter's version counter
+accumulate = int(sys.argv[8])  # micro-batches a step, each a step block of its own (accelerate's form)
 if src != "-":
     sys.path.insert(0, src)
 import torch
@@ -266,15 +271,19 @@ sync = torch.cuda.synchronize if device == "cuda" else (lambda: None)
 for _ in sys.stdin:
     sync()  # (each round from an idle device: what the host adds is what the step waits for)
     began, wall = time.thread_time_ns(), time.perf_counter_ns()
-    if tracker is not None:
-        with tracker.step(**size):
+    for i in range(accumulate):
+        last = i == accumulate - 1
+        if tracker is not None:
+            with tracker.step(**size):
+                loss().backward()
+                if last:
+                    opt.step()
+                    opt.zero_grad(set_to_none=True)
+        else:
             loss().backward()
-            opt.step()
-            opt.zero_grad(set_to_none=True)
-    else:
-        loss().backward()
-        opt.step()
-        opt.zero_grad(set_to_none=True)
+            if last:
+                opt.step()
+                opt.zero_grad(set_to_none=True)
     cpu = (time.thread_time_ns() - began) / 1e3
     sync()
     print(cpu, (time.perf_counter_ns() - wall) / 1e3, flush=True)
@@ -325,6 +334,7 @@ def run(
     cpu: int | None = None,
     told: bool = False,
     fused: bool = False,
+    accumulate: int = 1,
 ) -> tuple[dict[str, dict[str, float]], dict[str, dict[str, float]]]:
     """Thread CPU time and wall time (to the device's end of the step) per arm: their summaries. ``cpu``:
     every worker on that one CPU (all arms under the same caches and clock; on a many-core machine the
@@ -343,7 +353,10 @@ def run(
     optimizer = "fused" if fused else "-"
     procs = {
         arm: subprocess.Popen(
-            [sys.executable, "-c", worker, src, str(depth), kind, str(threads), device, size, optimizer],
+            [
+                *(sys.executable, "-c", worker, src, str(depth), kind, str(threads), device, size),
+                *(optimizer, str(accumulate)),
+            ],
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             text=True,
@@ -407,6 +420,12 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         action="store_true",
         help="mlp, llama: torch's fused AdamW (the Trainer's default: no parameter's version moves)",
     )
+    ap.add_argument(
+        "--accumulate",
+        type=int,
+        default=1,
+        help="micro-batches a step (mlp, llama: a step block each; trainer: gradient_accumulation_steps)",
+    )
     ap.add_argument("--cpu", type=int, default=None, help="the one CPU all workers run on (default: last)")
     ap.add_argument("--no-pin", action="store_true", help="workers where the scheduler puts them")
     return ap.parse_args(argv)
@@ -414,13 +433,16 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
 
 def main(argv: Sequence[str] | None = None) -> None:
     args = parse_args(argv)
+    if args.accumulate > 1 and "lightning" in args.models.split(","):
+        raise SystemExit("--accumulate: mlp, llama and trainer (the Lightning worker times one batch a step)")
     load = os.getloadavg()[0]
     base = f"the package in {args.base_dir}" if args.base_dir else args.base
     pin = None if args.no_pin else (args.cpu if args.cpu is not None else max(os.sched_getaffinity(0)))
     where = "where the scheduler puts them" if pin is None else f"all on CPU {pin}"
     print(
         f"hook versions: base {base} against the working tree; load average {load:.2f}; workers {where}"
-        f"{'; torch fused AdamW' if args.fused else ''}",
+        f"{'; torch fused AdamW' if args.fused else ''}"
+        f"{f'; {args.accumulate} micro-batches a step' if args.accumulate > 1 else ''}",
         flush=True,
     )
     with tempfile.TemporaryDirectory() as tmp:
@@ -438,6 +460,7 @@ def main(argv: Sequence[str] | None = None) -> None:
                     pin,
                     args.told,
                     args.fused,
+                    args.accumulate,
                 )
                 label = f"{kind} {depth}"
                 clocks = [("thread CPU", cpu)] + ([("wall", wall)] if args.device != "cpu" else [])

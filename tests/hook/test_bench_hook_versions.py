@@ -39,10 +39,19 @@ def test_the_extras_are_per_round_differences() -> None:
     assert res["floor"]["median"] == 5.0 and res["this-floor"]["median"] == 15.0
 
 
-@pytest.mark.parametrize("model", ["mlp", "trainer"])
-def test_smallest_configuration_prints_every_arm(model: str) -> None:
+@pytest.mark.parametrize(
+    ("model", "extra"),
+    [
+        ("mlp", []),
+        ("trainer", []),
+        ("mlp", ["--told", "--accumulate", "2"]),
+        ("trainer", ["--accumulate", "2"]),
+    ],
+)
+def test_smallest_configuration_prints_every_arm(model: str, extra: list[str]) -> None:
     """The loop of the working tree's README, and a Hugging Face Trainer run (its batches one per line on
-    stdin, the loader a batch ahead, the run over when stdin closes)."""
+    stdin, the loader a batch ahead, the run over when stdin closes); each also with two micro-batches a
+    step (the loop's in a step block each, the Trainer's ``gradient_accumulation_steps``)."""
     if subprocess.run(["git", "-C", str(ROOT), "rev-parse", "HEAD"], capture_output=True).returncode != 0:
         pytest.fail("the benchmark compares with a git revision: run the tests in a clone")
     proc = subprocess.run(
@@ -56,6 +65,7 @@ def test_smallest_configuration_prints_every_arm(model: str) -> None:
             "--rounds",
             "12",
             "--floor",
+            *extra,
         ],
         capture_output=True,
         text=True,
