@@ -4,15 +4,19 @@ The callback finds the model and the optimizer itself (the torch optimizer insid
 wrapper), and maps the Trainer's events onto the tracker: a step from ``on_step_begin`` to
 ``on_step_end``; gradients measured at ``on_pre_optimizer_step`` (after clipping) and optimizer
 states at ``on_optimizer_step`` — the optimizer's own step hooks fire there too, whichever comes
-first counts. Micro-batches under gradient accumulation are told apart by the model's forward hooks
-(``on_substep_end`` closes each one's backward).
+first counts.
 
-Without accumulation a step begins on its batch instead (:meth:`Tracker.batch_begins`), as Lightning's do:
-the Trainer's events carry no batch, so the callback wraps its Trainer's ``training_step`` and the step
-begins there, told the samples and tokens of the batch's ``input_ids`` (or another of the keys the model's
-forward hook reads first). An ordinary step then rests as README's loop does — no hook of ours on the
-model or the optimizer, and none of the callback's calls until ``on_step_end``. A batch that is no mapping,
-or has none of those keys, is not told: its step begins at ``on_step_begin`` and is watched, as before.
+A step begins on its batch (:meth:`Tracker.batch_begins`), as Lightning's do: the Trainer's events carry no
+batch, so the callback wraps its Trainer's ``training_step`` and the step begins there, told the samples and
+tokens of the batch's ``input_ids`` (or another of the keys the model's forward hook reads first). Under
+gradient accumulation each micro-batch is a block of its step, begun so in ``training_step`` and ended at
+``on_substep_end`` (the last one at ``on_step_end``): a block without an update is a micro-batch of the step
+that updates. An ordinary step then rests as README's loop does — no hook of ours on the model or the
+optimizer, and none of the callback's calls but the blocks' ends until ``on_step_end``. A batch that is no
+mapping, or has none of those keys, is not told: its step (or block) begins as it is and is watched, its
+samples counted by the model's forward hook; a Trainer that never calls ``training_step`` has its steps
+begin at ``on_step_begin`` (micro-batches told apart by the forward hooks, ``on_substep_end`` closing each
+one's backward).
 
 A Trainer reports no exceptions to callbacks, so to write the out-of-memory file the callback wraps
 its Trainer's ``train`` (found at ``on_init_end``; or ``training_step`` when the callback was added

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import weakref
+from collections.abc import Mapping
 from typing import Any
 
 import torch
@@ -14,6 +16,36 @@ ANY_GRAD = 2
 
 def no_parameter() -> torch.Tensor | None:
     return None
+
+
+class StepCount:
+    """The witness of an optimizer that keeps its step count as a Python int, moved in its own ``step``
+    (bitsandbytes' optimizers, 8-bit and paged: their update writes the parameter through ``p.data`` on the
+    CPU and by pointer in a CUDA kernel, so no parameter's version counter moves): the count in its state
+    for the probe parameter, read where a tensor's version is read (``_version``; -1: none). Weak
+    references only: an optimizer dropped leaves no state held."""
+
+    __slots__ = ("optimizer", "probe")
+
+    def __init__(self, optimizer: Any, probe: torch.Tensor) -> None:
+        self.optimizer = weakref.ref(optimizer)
+        self.probe = weakref.ref(probe)
+
+    def __call__(self) -> StepCount | None:
+        """As a weak reference is called: this witness, while its optimizer and parameter live."""
+        return self if self.optimizer() is not None and self.probe() is not None else None
+
+    @property
+    def _version(self) -> int:
+        optimizer, probe = self.optimizer(), self.probe()
+        state = getattr(optimizer, "state", None)
+        entry = state.get(probe) if isinstance(state, Mapping) and probe is not None else None
+        count = entry.get("step") if isinstance(entry, Mapping) else None
+        return count if type(count) is int else -1
+
+    def counts(self, optimizer: Any, probe: torch.Tensor) -> bool:
+        """Is this the count of ``optimizer`` for ``probe``?"""
+        return self.optimizer() is optimizer and self.probe() is probe
 
 
 class RestGate:

@@ -8,13 +8,22 @@ rest: the model's forward hooks, the optimizer's post-hook and the optimizer wat
 everything they need was set when the step that allowed it ended: how far the steps stay ordinary, the probe
 parameter, the samples and gradients the last build had. That the optimizer updated, a resting step learns
 from the probe parameter's version counter (the update moves it in place; the step that allowed resting saw it
-move) — or, under a fused optimizer whose kernel moves no parameter's counter, from the probe's step count in
-the optimizer's state (:meth:`RestingSteps._learn_witness`): it then ends in O(1) as any ordinary step does
-(:meth:`~anatomy.hook.ordinary.OrdinarySteps._end_ordinary`). Its row has the step's time alone: the reader
-shows the last build's forward, backward and optimizer times scaled to it (:mod:`anatomy.step_feed`). On CUDA
-its row has the newest times the device resolved (a step the device times is watched: every tenth of the
-publish interval, at most 50 ms, one step goes the lean way with our hooks on), and the allocator is read once
-at its end, as on every ordinary CUDA step.
+move) — or, under an optimizer whose update moves no parameter's counter (a fused kernel, bitsandbytes'), from
+the probe's step count in the optimizer's state (:meth:`RestingSteps._learn_witness`): it then ends in O(1) as
+any ordinary step does (:meth:`~anatomy.hook.ordinary.OrdinarySteps._end_ordinary`). Its row has the step's
+time alone: the reader shows the last build's forward, backward and optimizer times scaled to it
+(:mod:`anatomy.step_feed`). On CUDA its row has the newest times the device resolved (a step the device
+times is watched: every tenth of the publish interval, at most 50 ms, one step goes the lean way with our
+hooks on), and the allocator is read once at its end, as on every ordinary CUDA step.
+
+Under gradient accumulation a step rests as one of a single micro-batch does. Where its micro-batches are
+blocks of their own (accelerate's ``accumulate``, the Trainer's and Lightning's accumulation), a block that
+ends without an update rests between the blocks (``BETWEEN``: :meth:`RestingSteps._rest_updated`) while the
+look's step had more, and the next block goes on from there told its share of the look's samples
+(:meth:`RestingSteps._rest_next_block`); where they run in one block, the step takes the look's count of
+forwards as it takes the look's one. Anything else — an update in an earlier block, none in the last, one
+outside any block, a block of other samples or none told, an exception — makes the step the record the
+general path holds at that point (between blocks: suspended), which goes on from there.
 
 After a big step the hook's code and data are cold in the CPU caches and every line and every object touched
 costs, so whatever can change between two looks closes the gate where it happens (``gate.ok = 0``: a
@@ -54,7 +63,7 @@ from anatomy.hook.lean import (
 )
 from anatomy.hook.ordinary import OrdinarySteps
 from anatomy.hook.record import StepRecord
-from anatomy.hook.rest_gate import ANY_GRAD, no_parameter
+from anatomy.hook.rest_gate import ANY_GRAD, StepCount, no_parameter
 from anatomy.hook.timing import FORWARD_PRE
 
 _NAN = math.nan
@@ -188,8 +197,8 @@ class RestingSteps(OrdinarySteps):
         gate.until = self._quiet_until
         ref = self._probe_ref
         gate.probe = ref if ref is not None else no_parameter
-        ref = self._witness_ref
-        gate.witness = ref if ref is not None else no_parameter
+        witness = self._witness_ref
+        gate.witness = witness if witness is not None else no_parameter
         gate.probe_data = self._probe_data if self._probe_data is not None else -1
         gate.samples = self._base_samples
         gate.blocks, gate.micro = blocks, rec.micro // blocks
@@ -209,8 +218,9 @@ class RestingSteps(OrdinarySteps):
         """May the next ordinary steps run with every hook of ours off, after ``rec`` ended in full?
         In a loop that marks its steps and whose tracked optimizer's hooks mark the update (on CUDA
         between the steps the device times, which are watched: anatomy.hook.ordinary's DEVICE_EVERY_S),
-        nothing compiled, no framework marking the forward, and ``rec`` the usual step: one forward,
-        watched, one update, no closure. A resting step's samples and tokens come from the step or the
+        nothing compiled, no framework marking the forward, and ``rec`` the usual step: its forwards
+        watched, as many in each of its blocks (gradient accumulation: one block, or one a micro-batch), one
+        update, in its last block, no closure. A resting step's samples and tokens come from the step or the
         tracker's defaults, never from the batch (a batch of another shape would go unseen): the step must
         be given what no default names — its tokens too, unless ``rec``'s batch had none (floats, or one
         dimension: none whatever its shape)."""
@@ -242,21 +252,29 @@ class RestingSteps(OrdinarySteps):
             rest |= NEED_TOKENS
         return rest
 
-    def _learn_witness(self, probe: torch.Tensor, witness: torch.Tensor | None) -> None:
+    def _learn_witness(self, probe: torch.Tensor, witness: torch.Tensor | StepCount | None) -> None:
         """An update that moved no version the next steps would read. A fused optimizer's kernel (torch's
         ``fused=True`` Adam and AdamW, the Trainer's default) writes the parameters without moving their
         version counters: the next look reads the probe's step count in the optimizer's state instead, which
         the optimizer moves in place as it steps. A step count that did not move on this step (a sampled
         step: a foreach op under a dispatch mode moves no version either) stays the witness while the
         optimizer holds it; one the optimizer no longer holds (an optimizer made anew) gives way to the new
-        one's. No step count: the probe's version again (where nothing moves, no step rests, as before)."""
-        state = getattr(self._optimizer, "state", None)
+        one's. A step count kept as a Python int (bitsandbytes' optimizers: ``p.data`` written on the CPU,
+        a kernel called by pointer on CUDA) is read through
+        :class:`~anatomy.hook.rest_gate.StepCount`. No step count: the probe's version again (where nothing
+        moves, no step rests, as before)."""
+        optimizer = self._optimizer
+        state = getattr(optimizer, "state", None)
         entry = state.get(probe) if isinstance(state, Mapping) else None
         count = entry.get("step") if isinstance(entry, Mapping) else None
-        if not isinstance(count, torch.Tensor):
+        if isinstance(count, torch.Tensor):
+            if count is not witness:
+                self._witness_ref = weakref.ref(count)
+        elif type(count) is int:  # (bitsandbytes': a Python int, moved as it steps)
+            if not (isinstance(witness, StepCount) and witness.counts(optimizer, probe)):
+                self._witness_ref = StepCount(optimizer, probe)
+        else:
             self._witness_ref = self._probe_ref
-        elif count is not witness:
-            self._witness_ref = weakref.ref(count)
 
     def _hooks_off(self) -> None:
         """Our hooks rest: the model's forward hooks and the optimizer's (torch's module call and optimizer

@@ -33,7 +33,7 @@ from anatomy.hook.others import OtherModels
 from anatomy.hook.pieces import PiecePlan
 from anatomy.hook.publishing import Channel
 from anatomy.hook.record import StepRecord, Sums, Traced
-from anatomy.hook.rest_gate import RestGate
+from anatomy.hook.rest_gate import RestGate, StepCount
 from anatomy.hook.saved import SavedTensorCounter
 from anatomy.hook.schedule import Schedule
 from anatomy.hook.throughput import Throughput
@@ -89,8 +89,9 @@ class TrackerState:
     _counter: SavedTensorCounter
     _probe_ref: weakref.ref[torch.Tensor] | None  # one parameter, watched every step
     # The tensor whose version counter an update moves (anatomy.hook.resting): the probe parameter, or where
-    # a fused optimizer's kernel moves no parameter's, its step count in the optimizer's state.
-    _witness_ref: weakref.ref[torch.Tensor] | None
+    # a fused optimizer's kernel moves no parameter's, its step count in the optimizer's state (a tensor;
+    # a Python int: rest_gate.StepCount, read as a version is).
+    _witness_ref: weakref.ref[torch.Tensor] | StepCount | None
     _probe_ptr: int
     _probe_data: int | None
     _model_watch: ModelWatch

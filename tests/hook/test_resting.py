@@ -14,6 +14,7 @@ import torch
 
 import anatomy
 from anatomy.hook import resting
+from anatomy.hook.rest_gate import StepCount
 from anatomy.vocabulary import Component
 from tests.hook.test_lean_steps import (
     _PER_RUN,
@@ -140,15 +141,25 @@ def _special_steps(model: torch.nn.Module, opt: torch.optim.Optimizer, tracker: 
     }
 
 
+def _optimizer(kind: str, model: torch.nn.Module) -> torch.optim.Optimizer:
+    """Optimizers whose update moves no parameter's version counter: torch's fused AdamW (a step count
+    tensor), bitsandbytes' 8-bit AdamW and its paged one (a Python int)."""
+    if kind == "fused":
+        return torch.optim.AdamW(model.parameters(), lr=1e-3, fused=True)
+    import bitsandbytes as bnb
+
+    return getattr(bnb.optim, kind)(model.parameters(), lr=1e-3, min_8bit_size=0)  # type: ignore[no-any-return]
+
+
 def _run(
-    rest: bool, special: str, monkeypatch: pytest.MonkeyPatch, fused: bool = False
+    rest: bool, special: str, monkeypatch: pytest.MonkeyPatch, optimizer: str | None = None
 ) -> tuple[list[dict[str, Any]], float, list[bool]]:
-    """Usual steps (resting from the fourth on), the special one, usual steps. ``fused``: under torch's fused
-    AdamW, whose kernel moves no parameter's version counter."""
+    """Usual steps (resting from the fourth on), the special one, usual steps. ``optimizer``: one of
+    :func:`_optimizer`'s (None: the MLP's SGD)."""
     monkeypatch.setattr(resting, "REST_ON", rest)
     model, opt = _mlp()
-    if fused:
-        opt = torch.optim.AdamW(model.parameters(), lr=1e-3, fused=True)
+    if optimizer is not None:
+        opt = _optimizer(optimizer, model)
     tracker = anatomy.track(model, opt, publish=False, sample_every=0, interval_s=3600.0)
     x = torch.randn(8, 16)
     watched: list[bool] = []
@@ -194,8 +205,29 @@ def test_under_a_fused_optimizer_steps_rest_on_its_step_count_and_come_out_as_wa
     """torch's fused AdamW (the Trainer's default optimizer) updates the parameters in its kernel without
     moving their version counters: the look that sees it learns the probe's step count in the optimizer's
     state instead, and the steps after the next look rest on it, every snapshot as a watched run's."""
-    watched, watched_loss, always = _run(False, special, monkeypatch, fused=True)
-    resting_, resting_loss, rested = _run(True, special, monkeypatch, fused=True)
+    watched, watched_loss, always = _run(False, special, monkeypatch, "fused")
+    resting_, resting_loss, rested = _run(True, special, monkeypatch, "fused")
+    assert all(always) and not any(rested[3:7]), rested
+    assert resting_loss == watched_loss
+    assert [s["step"] for s in resting_] == [s["step"] for s in watched]
+    for a, b in zip(resting_, watched, strict=True):
+        assert a == b, a["step"]
+
+
+@pytest.mark.filterwarnings("ignore::UserWarning", "ignore::DeprecationWarning")
+@pytest.mark.parametrize("optimizer", ["AdamW8bit", "PagedAdamW8bit"])
+@pytest.mark.parametrize("special", ["usual", "no_update", "raising", "trainer"])
+def test_an_optimizer_that_counts_its_steps_in_a_python_int_lets_steps_rest(
+    optimizer: str, special: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """bitsandbytes' optimizers (on CUDA a kernel called by pointer: no tensor's version moves; on the CPU
+    here the parameter's stays too) keep their step count as a Python int in the optimizer's state: the look
+    learns it (rest_gate.StepCount), and the steps after the next look rest on it, every snapshot as a
+    watched run's."""
+    if special == "usual":
+        special = "by_hand"
+    watched, watched_loss, always = _run(False, special, monkeypatch, optimizer)
+    resting_, resting_loss, rested = _run(True, special, monkeypatch, optimizer)
     assert all(always) and not any(rested[3:7]), rested
     assert resting_loss == watched_loss
     assert [s["step"] for s in resting_] == [s["step"] for s in watched]
@@ -269,6 +301,31 @@ def test_the_witness_is_the_step_count_the_optimizer_holds() -> None:
     tracker._learn_witness(probe, tracker._witness_ref())
     assert tracker._witness_ref() is probe
     tracker.close()
+
+
+@pytest.mark.filterwarnings("ignore::UserWarning", "ignore::DeprecationWarning")
+def test_a_step_count_kept_as_an_int_is_read_by_weak_references() -> None:
+    """The witness of bitsandbytes' 8-bit AdamW reads the probe's step count in its state as the steps go,
+    and holds neither the optimizer nor the parameter: once both are dropped it is gone (-1, None)."""
+    import gc
+    import weakref
+
+    model, _ = _mlp()
+    opt = _optimizer("AdamW8bit", model)
+    tracker = anatomy.track(model, opt, publish=False, sample_every=0, interval_s=3600.0)
+    x = torch.randn(8, 16)
+    for _ in range(6):
+        with tracker.step(samples=8):
+            _usual(model, opt, x)
+    witness = tracker._witness_ref
+    probe = tracker._probe_ref()
+    assert isinstance(witness, StepCount) and witness() is witness
+    assert witness._version == opt.state[probe]["step"] == 6
+    tracker.close()
+    gone = weakref.ref(opt)
+    del tracker, opt, probe
+    gc.collect()
+    assert gone() is None and witness() is None and witness._version == -1
 
 
 def test_a_step_of_other_samples_is_watched_and_counts_its_batch() -> None:

@@ -95,25 +95,35 @@ def _train(model: _Model, callback: Any, tmp: Path, data: Any, **args: Any) -> A
     return trainer
 
 
-@pytest.mark.parametrize("kind", ["floats", "tokens"])
+@pytest.mark.filterwarnings("ignore::UserWarning")
+@pytest.mark.parametrize(
+    ("kind", "optim"), [("floats", {}), ("tokens", {}), ("tokens", {"optim": "paged_adamw_8bit"})]
+)
 def test_ordinary_trainer_steps_rest_under_no_hook_and_publish_what_watched_steps_do(
-    published: list[Any], tmp_path: Path, monkeypatch: pytest.MonkeyPatch, kind: str, nothing_compiled: None
+    published: list[Any],
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    kind: str,
+    optim: dict[str, str],
+    nothing_compiled: None,
 ) -> None:
     """From the 5th step on, an ordinary step of the last look's batch shape runs its forward with no hook of
     ours on the model and no optimizer hook in torch's global dict; the last batch (6 samples, not 8) is
     watched. Every published snapshot but its times is what the same run publishes with every step watched,
-    and the losses are the same — as a run without the callback has them."""
+    and the losses are the same — as a run without the callback has them. Under the Trainer's default
+    optimizer (torch's fused AdamW) and under bitsandbytes' paged 8-bit AdamW (QLoRA's: its step count a
+    Python int)."""
     runs = []
     for rest in (False, True):
         monkeypatch.setattr(resting, "REST_ON", rest)
         published.clear()
         model = _Model(kind)
         callback = anatomy.AnatomyCallback(interval_s=3600.0, sample_every=0, log=False)
-        _train(model, callback, tmp_path / str(rest), _Data(kind))
+        _train(model, callback, tmp_path / str(rest), _Data(kind), **optim)
         runs.append((comparable(published), model.losses, model.watched, published[-2].timing, callback))
     assert_rested_as_watched(*runs)
     plain = _Model(kind)
-    _train(plain, None, tmp_path / "plain", _Data(kind))
+    _train(plain, None, tmp_path / "plain", _Data(kind), **optim)
     assert plain.losses == runs[1][1]
     timing, callback = runs[1][3:]
     if kind == "tokens":
