@@ -25,6 +25,7 @@ Usage:
   python benchmarks/bench_hook_versions.py --told      # steps told their samples and tokens (README's loop)
   python benchmarks/bench_hook_versions.py --models trainer,lightning --floor   # the frameworks' callbacks
   python benchmarks/bench_hook_versions.py --told --fused  # under torch's fused AdamW (the Trainer's default)
+  python benchmarks/bench_hook_versions.py --told --bnb --models mlp,trainer  # bitsandbytes' 8-bit AdamW
   python benchmarks/bench_hook_versions.py --told --accumulate 4 --models mlp,trainer  # 4 micro-batches each
 """
 
@@ -132,6 +133,7 @@ import os, sys, tempfile, time, warnings
 from pathlib import Path
 src, depth, threads = sys.argv[1], int(sys.argv[2]), int(sys.argv[4])
 accumulate = int(sys.argv[8])  # micro-batches a step (gradient_accumulation_steps)
+optim = {"optim": "paged_adamw_8bit"} if sys.argv[7] == "bnb" else {}  # (else the Trainer's default)
 if src not in ("-", "floor"):
     sys.path.insert(0, src)
 import torch
@@ -200,7 +202,7 @@ callbacks.append(End(start))
 out = tempfile.mkdtemp()
 args = TrainingArguments(output_dir=out, per_device_train_batch_size=4, max_steps=10**9, report_to="none",
                          use_cpu=True, save_strategy="no", logging_strategy="no", disable_tqdm=True,
-                         dataloader_num_workers=0, gradient_accumulation_steps=accumulate)
+                         dataloader_num_workers=0, gradient_accumulation_steps=accumulate, **optim)
 trainer = Trainer(model=model, args=args, train_dataset=Batches(), callbacks=callbacks)
 print("ready", flush=True)
 trainer.train()
@@ -213,6 +215,7 @@ from pathlib import Path
 src, depth, kind, threads, device = sys.argv[1], int(sys.argv[2]), sys.argv[3], int(sys.argv[4]), sys.argv[5]
 told = sys.argv[6] == "told"
 fused = sys.argv[7] == "fused"  # torch's fused AdamW: its kernel moves no parameter's version counter
+bnb = sys.argv[7] == "bnb"  # bitsandbytes' 8-bit AdamW: its step count a Python int
 accumulate = int(sys.argv[8])  # micro-batches a step, each a step block of its own (accelerate's form)
 if src != "-":
     sys.path.insert(0, src)
@@ -237,7 +240,13 @@ else:
     size = {"samples": 4, "tokens": 4 * 32} if told else {}
     def loss():
         return model(input_ids=ids, labels=ids).loss
-opt = torch.optim.AdamW(model.parameters(), lr=1e-3, fused=fused or None)
+if bnb:
+    import warnings
+    warnings.filterwarnings("ignore")
+    import bitsandbytes
+    opt = bitsandbytes.optim.AdamW8bit(model.parameters(), lr=1e-3, min_8bit_size=0)
+else:
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3, fused=fused or None)
 tracker = None
 if src == "floor":  # hooks of the kinds anatomy registers, doing nothing: what torch's dispatch costs
     from torch.optim.optimizer import register_optimizer_step_pre_hook
@@ -335,6 +344,7 @@ def run(
     told: bool = False,
     fused: bool = False,
     accumulate: int = 1,
+    bnb: bool = False,
 ) -> tuple[dict[str, dict[str, float]], dict[str, dict[str, float]]]:
     """Thread CPU time and wall time (to the device's end of the step) per arm: their summaries. ``cpu``:
     every worker on that one CPU (all arms under the same caches and clock; on a many-core machine the
@@ -350,7 +360,7 @@ def run(
     arms = tuple(sources)
     pin = None if cpu is None else (lambda: os.sched_setaffinity(0, {cpu}))
     size = "told" if told else "-"
-    optimizer = "fused" if fused else "-"
+    optimizer = "fused" if fused else "bnb" if bnb else "-"
     procs = {
         arm: subprocess.Popen(
             [
@@ -421,6 +431,11 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         help="mlp, llama: torch's fused AdamW (the Trainer's default: no parameter's version moves)",
     )
     ap.add_argument(
+        "--bnb",
+        action="store_true",
+        help="bitsandbytes' 8-bit AdamW (trainer: optim=paged_adamw_8bit; its step count a Python int)",
+    )
+    ap.add_argument(
         "--accumulate",
         type=int,
         default=1,
@@ -433,6 +448,8 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
 
 def main(argv: Sequence[str] | None = None) -> None:
     args = parse_args(argv)
+    if args.fused and args.bnb:
+        raise SystemExit("--fused or --bnb: one optimizer")
     if args.accumulate > 1 and "lightning" in args.models.split(","):
         raise SystemExit("--accumulate: mlp, llama and trainer (the Lightning worker times one batch a step)")
     load = os.getloadavg()[0]
@@ -441,7 +458,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     where = "where the scheduler puts them" if pin is None else f"all on CPU {pin}"
     print(
         f"hook versions: base {base} against the working tree; load average {load:.2f}; workers {where}"
-        f"{'; torch fused AdamW' if args.fused else ''}"
+        f"{'; torch fused AdamW' if args.fused else ''}{'; bitsandbytes 8-bit AdamW' if args.bnb else ''}"
         f"{f'; {args.accumulate} micro-batches a step' if args.accumulate > 1 else ''}",
         flush=True,
     )
@@ -461,6 +478,7 @@ def main(argv: Sequence[str] | None = None) -> None:
                     args.told,
                     args.fused,
                     args.accumulate,
+                    args.bnb,
                 )
                 label = f"{kind} {depth}"
                 clocks = [("thread CPU", cpu)] + ([("wall", wall)] if args.device != "cpu" else [])
