@@ -29,7 +29,7 @@ from anatomy.hook.record import (
     Traced,
 )
 from anatomy.hook.split import explained, held_in_phase
-from anatomy.hook.timing import FRAMEWORK_STEP, USUAL_STEP
+from anatomy.hook.timing import usual_marks
 from anatomy.protocol import CudaMemory
 from anatomy.vocabulary import Phase
 
@@ -196,12 +196,14 @@ class CudaBackend:
 
     def step_ends(self, rec: StepRecord, stats_due: bool) -> int | None:
         self.phase_ends(rec, Phase.OTHER)
-        # Only a usual step's readings (its start read as its one forward began, before any optimizer) are
-        # what an ordinary step that reads nothing repeats: after any other (a forward in a closure, two
-        # forwards) the next step reads in full.
+        # Only a usual step's readings (its start read as its first forward began, before any optimizer) are
+        # what an ordinary step that reads nothing repeats — one forward in each of its blocks (gradient
+        # accumulation in blocks: usual_marks): after any other (a forward in a closure, two forwards in a
+        # block) the next step reads in full.
         self.steady = None
-        kinds = [kind for kind, _ in rec.clock.marks] if rec.micro == 1 and not rec.closure else None
-        usual = kinds in (USUAL_STEP, FRAMEWORK_STEP)
+        blocks = rec.blocks
+        plain = rec.micro == blocks and not rec.closure
+        usual = plain and usual_marks([kind for kind, _ in rec.clock.marks], blocks)
         if usual and rec.cuda_start is not None and Feature.CUDA not in self._guard.off:
             self.steady = (rec.cuda_start, rec.cuda_high, rec.cuda_phase_start)
         if stats_due and self._guard.ok(Feature.CUDA):  # a full statistics read (~0.1 ms)

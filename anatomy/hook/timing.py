@@ -25,6 +25,19 @@ USUAL_STEP = [BEGIN, FORWARD_PRE, FORWARD_POST, OPTIMIZER_PRE, OPTIMIZER_POST, E
 FRAMEWORK_STEP = [BEGIN, FORWARD_PRE, FORWARD_POST, BACKWARD_END, OPTIMIZER_PRE, OPTIMIZER_POST, END]
 
 
+def usual_marks(kinds: list[str], blocks: int) -> bool:
+    """Are ``kinds`` a usual step's marks, in ``blocks`` step blocks? Under gradient accumulation in blocks,
+    each block but the last is one forward ended at its backward (a block without an update), and the last
+    is a usual step's."""
+    if blocks == 1:
+        return kinds in (USUAL_STEP, FRAMEWORK_STEP)
+    accumulated = 1 + 3 * (blocks - 1)
+    head = kinds[:accumulated]
+    if head[1:] != [FORWARD_PRE, FORWARD_POST, BACKWARD_END] * (blocks - 1):
+        return False
+    return [BEGIN, *kinds[accumulated:]] in (USUAL_STEP, FRAMEWORK_STEP) and head[:1] == [BEGIN]
+
+
 @dataclass(slots=True)  # (not frozen: a frozen dataclass's __init__ costs a call per field, every step)
 class StepDurations:
     step_s: float

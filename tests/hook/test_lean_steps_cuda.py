@@ -128,6 +128,7 @@ def _usual(model: torch.nn.Module, opt: torch.optim.Optimizer, x: torch.Tensor, 
 
 
 CLOSURE_STEP = [-1]  # the index of _run's step whose optimizer takes a closure
+BLOCK_STEPS: list[int] = []  # the indices of _run's steps of two blocks (gradient accumulation)
 
 
 def _run(
@@ -165,6 +166,16 @@ def _run(
         step(lambda: _usual(model, opt, x))
     for _ in range(3):  # gradient accumulation: every step two forwards
         step(two_forwards, 16)
+    for _ in range(3):
+        step(lambda: _usual(model, opt, x))
+    BLOCK_STEPS.clear()
+    for _ in range(6):  # gradient accumulation in blocks: two micro-batches a step, a block each
+        BLOCK_STEPS.append(tracker._steps_done)
+        alloc.new_step()
+        with alloc, tracker.step(samples=8 if told else None):
+            model(x).sum().backward()
+        with alloc, tracker.step(samples=8 if told else None):
+            _usual(model, opt, x)
     for _ in range(3):
         step(lambda: _usual(model, opt, x))
 
@@ -506,6 +517,7 @@ def test_cuda_steps_told_their_samples_rest_and_come_out_as_the_full_way_makes_t
         assert a == b, a["step"]
     if every_s:
         assert len(rested) >= 5, rested  # usual steps between the special ones rest
+        assert len(set(BLOCK_STEPS) & set(rested)) >= 3, (BLOCK_STEPS, rested)  # (resting between blocks)
     else:
         assert rested == []  # every step timed on the device: every one watched
     assert lean_alloc.reads < 0.6 * full_alloc.reads

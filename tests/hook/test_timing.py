@@ -14,6 +14,7 @@ from anatomy.hook.timing import (
     OPTIMIZER_PRE,
     StepClock,
     durations_from_marks,
+    usual_marks,
 )
 
 
@@ -249,3 +250,22 @@ def test_a_cuda_clock_durations_are_the_marks_durations(
     fresh = StepClock(cuda=True)  # not read through its span first: the same
     fresh.marks, fresh._calls = clock.marks, clock._calls
     assert fresh.durations() == expected  # (by the marks' arithmetic, exactly)
+
+
+def test_a_usual_steps_marks_in_blocks() -> None:
+    """One forward in each block, every block but the last ended at its backward, the update in the last
+    (gradient accumulation in blocks); anything else is not the usual step."""
+    block = [FORWARD_PRE, FORWARD_POST, BACKWARD_END]
+    last = [FORWARD_PRE, FORWARD_POST, OPTIMIZER_PRE, OPTIMIZER_POST, END]
+    framework_last = [FORWARD_PRE, FORWARD_POST, BACKWARD_END, OPTIMIZER_PRE, OPTIMIZER_POST, END]
+    assert usual_marks([BEGIN, *last], 1) and usual_marks([BEGIN, *framework_last], 1)
+    for blocks in (2, 3, 8):
+        assert usual_marks([BEGIN, *block * (blocks - 1), *last], blocks)
+        assert usual_marks([BEGIN, *block * (blocks - 1), *framework_last], blocks)
+        assert not usual_marks([BEGIN, *block * (blocks - 2), *last], blocks)  # (a block short)
+        assert not usual_marks([BEGIN, *block * blocks, *last], blocks)  # (a block more)
+    two_forwards = [FORWARD_PRE, FORWARD_POST, FORWARD_PRE, FORWARD_POST, BACKWARD_END]
+    assert not usual_marks([BEGIN, *two_forwards, *last], 2)
+    early_update = [FORWARD_PRE, FORWARD_POST, OPTIMIZER_PRE, OPTIMIZER_POST, BACKWARD_END]
+    assert not usual_marks([BEGIN, *early_update, *last], 2)
+    assert not usual_marks([*block, *last], 2) and not usual_marks([BEGIN, *block, *last[:-1]], 2)
