@@ -10,8 +10,8 @@ hooks that do nothing cost ~20 µs there, torch's hook dispatch included).
 Anything else — a second forward, a new batch shape, a closure, a framework's callback (but the Trainer's
 optimizer begin and end, which the usual step already marks), a backward end, an exception, a step block
 without an update (but a resting step's under accumulation, as the look's: ``BETWEEN``) — makes the step a
-record (:meth:`LeanStep.record`: exactly the record the
-general path would hold at that point) and the general path goes on from there.
+record (:meth:`LeanStep.record`: exactly the record the general path would hold at that point) and the general
+path goes on from there.
 
 On CUDA the step's times are the device's: on a step the device times (one every tenth of the publish
 interval, at most 50 ms: :data:`~anatomy.hook.ordinary.DEVICE_EVERY_S`; ``clock`` None on the others, whose
