@@ -199,3 +199,72 @@ def test_micro_batch_steps_re_sum_on_update_steps_for_a_long_run(
         if not first_late <= step < after:  # nothing changed since that re-sum: today's count
             assert (states, grads) == (truth.states[step], truth.grads[step]), step
     assert seen[after][1] > seen[after - 1][1]  # the sampled re-sum found the grown state
+
+
+def _resting_run(
+    st: SimpleNamespace, shape: str, hook: bool, steps: int
+) -> tuple[list[Any], list[float], list[bool]]:
+    """``steps`` updates of the loop in ``shape``, told each block's samples (``hook``: tracked, nothing
+    sampled, no rebuild by the clock): its comparable history, its losses, whether our hooks were on the
+    model at each micro-batch."""
+    from tests.stacks.stack_helpers import comparable
+
+    accelerator = _fresh_accelerator()
+    model = st.mlp(seed=0, width=32, depth=3)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    model, optimizer = accelerator.prepare(model, optimizer)
+    tracker = (
+        anatomy.track(model, optimizer, publish=False, sample_every=0, interval_s=3600.0) if hook else None
+    )
+    data = st.batches(steps * ACCUM)
+    losses: list[float] = []
+    watched: list[bool] = []
+
+    def micro_batch(x: torch.Tensor, y: torch.Tensor) -> None:
+        watched.append(bool(model._forward_pre_hooks))
+        with accelerator.accumulate(model):
+            loss = torch.nn.functional.mse_loss(model(x), y)
+            accelerator.backward(loss)
+            optimizer.step()
+            optimizer.zero_grad()
+            losses.append(loss.item())
+
+    for i in range(0, steps * ACCUM, ACCUM):
+        window = data[i : i + ACCUM]
+        if shape == "micro":
+            for x, y in window:
+                with tracker.step(samples=len(x)) if tracker is not None else _nothing():
+                    micro_batch(x, y)
+        else:
+            with tracker.step(samples=ACCUM * 8) if tracker is not None else _nothing():
+                for x, y in window:
+                    micro_batch(x, y)
+    if tracker is None:
+        return [], losses, watched
+    history = comparable(tracker.history)
+    tracker.close()
+    return history, losses, watched
+
+
+@pytest.mark.parametrize("shape", ["micro", "update"])
+def test_accumulating_steps_rest_and_publish_what_watched_steps_do(
+    st: SimpleNamespace, monkeypatch: pytest.MonkeyPatch, shape: str, nothing_compiled: None
+) -> None:
+    """accelerate's accumulation, told each block's samples: from the 5th step on a step's micro-batches run
+    with no hook of ours on the model (in blocks of their own, the step rests between them; in one block, it
+    takes the look's count of forwards), and every snapshot but its times is the same loop's with every step
+    watched; the losses are the loop's without the hook."""
+    from anatomy.hook import resting
+
+    steps = 16
+    monkeypatch.setattr(resting, "REST_ON", False)
+    full, full_losses, always = _resting_run(st, shape, True, steps)
+    monkeypatch.setattr(resting, "REST_ON", True)
+    rested, rest_losses, flags = _resting_run(st, shape, True, steps)
+    _, plain_losses, _ = _resting_run(st, shape, False, steps)
+    assert all(always) and not any(flags[4 * ACCUM :]), flags
+    assert rest_losses == full_losses == plain_losses
+    assert [s["step"] for s in rested] == [s["step"] for s in full] == list(range(steps))
+    for a, b in zip(rested, full, strict=True):
+        assert a == b, a["step"]
+    assert rested[-1]["grad_accum_steps"] == ACCUM
