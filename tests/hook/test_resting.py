@@ -235,10 +235,13 @@ def test_an_optimizer_that_counts_its_steps_in_a_python_int_lets_steps_rest(
         assert a == b, a["step"]
 
 
-def _fused_steps(steps: int, interval_s: float) -> tuple[torch.nn.Module, Any, Any, torch.Tensor]:
-    """A tracker of the MLP under torch's fused AdamW, after ``steps`` usual steps."""
+def _told_steps(
+    steps: int, interval_s: float, optimizer: str = "fused"
+) -> tuple[torch.nn.Module, Any, Any, torch.Tensor]:
+    """A tracker of the MLP under one of :func:`_optimizer`'s (torch's fused AdamW unless said), after
+    ``steps`` usual steps told their samples."""
     model, _ = _mlp()
-    opt = torch.optim.AdamW(model.parameters(), lr=1e-3, fused=True)
+    opt = _optimizer(optimizer, model)
     tracker = anatomy.track(model, opt, publish=False, sample_every=0, interval_s=interval_s)
     x = torch.randn(8, 16)
     for _ in range(steps):
@@ -251,7 +254,7 @@ def test_a_fused_optimizer_made_anew_while_steps_rest_is_adopted_and_its_steps_r
     """The witness (the old optimizer's step count) moves no more once the loop steps a new fused AdamW it
     did not tell the tracker of: the next resting step goes the watched way, the look adopts the optimizer,
     and once its step count is learned the steps rest again."""
-    model, _, tracker, x = _fused_steps(8, interval_s=0.02)
+    model, _, tracker, x = _told_steps(8, interval_s=0.02)
     new = torch.optim.AdamW(model.parameters(), lr=1e-4, fused=True)
     began = time.perf_counter()
     while time.perf_counter() - began < 5.0 and tracker._optimizer is not new:
@@ -281,7 +284,7 @@ def test_the_witness_is_the_step_count_the_optimizer_holds() -> None:
         def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
             return func(*args, **(kwargs or {}))
 
-    model, opt, tracker, x = _fused_steps(6, interval_s=3600.0)
+    model, opt, tracker, x = _told_steps(6, interval_s=3600.0)
     probe = tracker._probe_ref()
     count = opt.state[probe]["step"]
     assert tracker._witness_ref() is count
@@ -310,13 +313,7 @@ def test_a_step_count_kept_as_an_int_is_read_by_weak_references() -> None:
     import gc
     import weakref
 
-    model, _ = _mlp()
-    opt = _optimizer("AdamW8bit", model)
-    tracker = anatomy.track(model, opt, publish=False, sample_every=0, interval_s=3600.0)
-    x = torch.randn(8, 16)
-    for _ in range(6):
-        with tracker.step(samples=8):
-            _usual(model, opt, x)
+    _, opt, tracker, _ = _told_steps(6, 3600.0, "AdamW8bit")
     witness = tracker._witness_ref
     probe = tracker._probe_ref()
     assert isinstance(witness, StepCount) and witness() is witness
