@@ -26,7 +26,7 @@ Usage:
   python benchmarks/bench_hook_versions.py --models trainer,lightning --floor   # the frameworks' callbacks
   python benchmarks/bench_hook_versions.py --told --fused  # under torch's fused AdamW (the Trainer's default)
   python benchmarks/bench_hook_versions.py --told --bnb --models mlp,trainer  # bitsandbytes' 8-bit AdamW
-  python benchmarks/bench_hook_versions.py --told --accumulate 4 --models mlp,trainer  # 4 micro-batches each
+  python benchmarks/bench_hook_versions.py --told --accumulate 4 --models mlp,trainer,lightning  # 4 a step
 """
 
 from __future__ import annotations
@@ -51,6 +51,7 @@ LIGHTNING_WORKER = r"""
 import sys, tempfile, time
 from pathlib import Path
 src, depth, threads = sys.argv[1], int(sys.argv[2]), int(sys.argv[4])
+accumulate = int(sys.argv[8])  # batches a step (accumulate_grad_batches): one line brings them all
 if src not in ("-", "floor"):
     sys.path.insert(0, src)
 import logging
@@ -76,16 +77,19 @@ x = torch.randn(4, 64)
 class Batches(torch.utils.data.IterableDataset):
     def __iter__(self):
         for _ in sys.stdin:
-            yield x
+            for _ in range(accumulate):
+                yield x
 class Start(pl.Callback):
-    def on_train_batch_start(self, *args):
-        self.began = time.thread_time_ns(), time.perf_counter_ns()
+    def on_train_batch_start(self, trainer, module, batch, i):
+        if i % accumulate == 0:  # (a step's first batch)
+            self.began = time.thread_time_ns(), time.perf_counter_ns()
 class End(pl.Callback):
     def __init__(self, start):
         self.start = start
-    def on_train_batch_end(self, *args):
-        cpu, wall = self.start.began
-        print((time.thread_time_ns() - cpu) / 1e3, (time.perf_counter_ns() - wall) / 1e3, flush=True)
+    def on_train_batch_end(self, trainer, module, outputs, batch, i):
+        if (i + 1) % accumulate == 0:  # (a step's last batch: its update done)
+            cpu, wall = self.start.began
+            print((time.thread_time_ns() - cpu) / 1e3, (time.perf_counter_ns() - wall) / 1e3, flush=True)
 start = Start()
 callbacks = [start]
 if src == "floor":  # the callback's calls and the hooks it registers, doing nothing
@@ -119,7 +123,7 @@ elif src != "-":
 callbacks.append(End(start))
 trainer = pl.Trainer(max_epochs=1, accelerator="cpu", devices=1, enable_progress_bar=False, logger=False,
                      enable_model_summary=False, enable_checkpointing=False, callbacks=callbacks,
-                     default_root_dir=tempfile.mkdtemp())
+                     default_root_dir=tempfile.mkdtemp(), accumulate_grad_batches=accumulate)
 print("ready", flush=True)
 trainer.fit(Module(), torch.utils.data.DataLoader(Batches(), batch_size=None))
 """
@@ -439,7 +443,8 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         "--accumulate",
         type=int,
         default=1,
-        help="micro-batches a step (mlp, llama: a step block each; trainer: gradient_accumulation_steps)",
+        help="micro-batches a step (mlp, llama: a step block each; trainer: gradient_accumulation_steps; "
+        "lightning: accumulate_grad_batches)",
     )
     ap.add_argument("--cpu", type=int, default=None, help="the one CPU all workers run on (default: last)")
     ap.add_argument("--no-pin", action="store_true", help="workers where the scheduler puts them")
@@ -450,8 +455,6 @@ def main(argv: Sequence[str] | None = None) -> None:
     args = parse_args(argv)
     if args.fused and args.bnb:
         raise SystemExit("--fused or --bnb: one optimizer")
-    if args.accumulate > 1 and "lightning" in args.models.split(","):
-        raise SystemExit("--accumulate: mlp, llama and trainer (the Lightning worker times one batch a step)")
     load = os.getloadavg()[0]
     base = f"the package in {args.base_dir}" if args.base_dir else args.base
     pin = None if args.no_pin else (args.cpu if args.cpu is not None else max(os.sched_getaffinity(0)))

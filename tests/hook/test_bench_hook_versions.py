@@ -46,12 +46,14 @@ def test_the_extras_are_per_round_differences() -> None:
         ("trainer", []),
         ("mlp", ["--told", "--accumulate", "2"]),
         ("trainer", ["--accumulate", "2"]),
+        ("lightning", ["--accumulate", "2"]),
     ],
 )
 def test_smallest_configuration_prints_every_arm(model: str, extra: list[str]) -> None:
     """The loop of the working tree's README, and a Hugging Face Trainer run (its batches one per line on
     stdin, the loader a batch ahead, the run over when stdin closes); each also with two micro-batches a
-    step (the loop's in a step block each, the Trainer's ``gradient_accumulation_steps``)."""
+    step (the loop's in a step block each, the Trainer's ``gradient_accumulation_steps``, Lightning's
+    ``accumulate_grad_batches``)."""
     if subprocess.run(["git", "-C", str(ROOT), "rev-parse", "HEAD"], capture_output=True).returncode != 0:
         pytest.fail("the benchmark compares with a git revision: run the tests in a clone")
     proc = subprocess.run(
