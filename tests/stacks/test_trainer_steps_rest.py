@@ -169,10 +169,13 @@ def test_accumulating_trainer_steps_are_told_their_batches_and_rest(
         assert a == b, a["step"]
 
 
-def test_a_batch_with_no_key_the_forward_reads_is_watched(published: list[Any], tmp_path: Path) -> None:
+@pytest.mark.parametrize("accumulate", [1, 2])
+def test_a_batch_with_no_key_the_forward_reads_is_watched(
+    published: list[Any], tmp_path: Path, accumulate: int
+) -> None:
     """A batch the callback cannot read as the model's forward hook does (here under a key of none of
-    BATCH_KEYS) is not told: its step begins as before, watched, with the samples the forward hook counts
-    (none here: it reads the same keys)."""
+    BATCH_KEYS) is not told: its step (under accumulation, its micro-batch's block) begins as before,
+    watched, with the samples the forward hook counts (none here: it reads the same keys)."""
 
     class Other(_Data):
         def __getitem__(self, i: int) -> dict[str, torch.Tensor]:
@@ -186,10 +189,12 @@ def test_a_batch_with_no_key_the_forward_reads_is_watched(published: list[Any], 
 
     model = OtherModel("floats")
     callback = anatomy.AnatomyCallback(interval_s=3600.0, sample_every=0, log=False)
-    _train(model, callback, tmp_path, Other("floats"))
+    _train(model, callback, tmp_path, Other("floats"), gradient_accumulation_steps=accumulate)
     assert all(model.watched) and len(model.watched) == 16
     # (as the forward hook sees it: keyword arguments of no name it reads, so no samples, as before)
-    assert [s.step for s in published] == list(range(16)) and all(s.batch_size is None for s in published)
+    assert [s.step for s in published] == list(range(16 // accumulate))
+    assert all(s.batch_size is None for s in published)
+    assert [s.grad_accum_steps for s in published] == [accumulate] * (16 // accumulate)
 
 
 def test_a_step_whose_training_step_never_runs_begins_late_and_the_next_ones_at_on_step_begin(
