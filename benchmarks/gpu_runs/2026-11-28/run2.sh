@@ -15,6 +15,10 @@ grep -E "on cuda|this|plain|floor" "$O/versions_cuda_mlp_told.txt"
 # torch's fused AdamW (fused=True, common on GPUs; the Trainer's default): no step of it rested before e3ef9e6
 run versions_cuda_fused_told 90 python3 benchmarks/bench_hook_versions.py --base-dir .basesrc --device cuda --models mlp --depths 2 --rounds 600 --floor --told --fused
 grep -E "on cuda|this|plain|floor" "$O/versions_cuda_fused_told.txt"
+# four micro-batches a step, a step block each (accumulation): no such step rested before db48fab (and on CUDA
+# none was lean before 375e0ca)
+run versions_cuda_accumulate 60 python3 benchmarks/bench_hook_versions.py --base-dir .basesrc --device cuda --models mlp --depths 2 --rounds 600 --floor --told --accumulate 4
+grep -E "on cuda|this|plain|floor" "$O/versions_cuda_accumulate.txt"
 run sweep_cuda_after 100 python3 benchmarks/bench_hook_sweep.py --device cuda --cpu 15 --loops plain --only mlp --depths 2,8 --widths "" --budget 10
 grep -A4 "^| loop" "$O/sweep_cuda_after.txt"
 run profile_cuda_lean_told 45 python3 benchmarks/profile_cuda_lean.py --steps 300 --told
