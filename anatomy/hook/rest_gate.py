@@ -66,7 +66,6 @@ class RestGate:
         "probe",
         "probe_data",
         "regs",
-        "samples",
         "start_grads",
         "until",
         "witness",
@@ -78,11 +77,11 @@ class RestGate:
         self.probe: Any = no_parameter  # (a weak reference to the probe parameter)
         self.probe_data = -1
         self.witness: Any = no_parameter  # (a weak reference to the tensor whose version an update moves)
-        self.samples: int | None = None  # the build's; a resting step's own, or the default, must equal it
         self.default_samples: int | None = None
         # The look's blocks (gradient accumulation: micro-batches in blocks of their own), each told
-        # ``block_samples`` (its share of ``samples``), and the forwards of each (a step of one block may
-        # run several: a resting step's run unseen).
+        # ``block_samples`` (its share of the build's samples: a resting block's own, or the default, must
+        # equal it), and the forwards of each (a step of one block may run several: a resting step's run
+        # unseen).
         self.blocks = 1
         self.block_samples: int | None = None
         self.micro = 1

@@ -200,7 +200,6 @@ class RestingSteps(OrdinarySteps):
         witness = self._witness_ref
         gate.witness = witness if witness is not None else no_parameter
         gate.probe_data = self._probe_data if self._probe_data is not None else -1
-        gate.samples = self._base_samples
         gate.blocks, gate.micro = blocks, rec.micro // blocks
         gate.block_samples = self._base_samples // blocks
         # (the tracker's default is a step's: under accumulation in blocks, each is told its own)
