@@ -50,7 +50,7 @@ FLOOR = "floor"  # --floor: the same hooks doing nothing (torch's dispatch, the 
 LIGHTNING_WORKER = r"""
 import sys, tempfile, time
 from pathlib import Path
-src, depth, threads = sys.argv[1], int(sys.argv[2]), int(sys.argv[4])
+src, depth, threads, device = sys.argv[1], int(sys.argv[2]), int(sys.argv[4]), sys.argv[5]
 accumulate = int(sys.argv[8])  # batches a step (accumulate_grad_batches): one line brings them all
 if src not in ("-", "floor"):
     sys.path.insert(0, src)
@@ -79,15 +79,18 @@ class Batches(torch.utils.data.IterableDataset):
         for _ in sys.stdin:
             for _ in range(accumulate):
                 yield x
+sync = torch.cuda.synchronize if device == "cuda" else (lambda: None)
 class Start(pl.Callback):
     def on_train_batch_start(self, trainer, module, batch, i):
         if i % accumulate == 0:  # (a step's first batch)
+            sync()  # (each step from an idle device, as the other workers' rounds)
             self.began = time.thread_time_ns(), time.perf_counter_ns()
 class End(pl.Callback):
     def __init__(self, start):
         self.start = start
     def on_train_batch_end(self, trainer, module, outputs, batch, i):
         if (i + 1) % accumulate == 0:  # (a step's last batch: its update done)
+            sync()
             cpu, wall = self.start.began
             print((time.thread_time_ns() - cpu) / 1e3, (time.perf_counter_ns() - wall) / 1e3, flush=True)
 start = Start()
@@ -121,9 +124,11 @@ elif src != "-":
         raise SystemExit(f"anatomy came from {anatomy.__file__}, not {src}")
     callbacks.append(AnatomyCallback(directory=Path(tempfile.mkdtemp()), sample_every=10**9))
 callbacks.append(End(start))
-trainer = pl.Trainer(max_epochs=1, accelerator="cpu", devices=1, enable_progress_bar=False, logger=False,
-                     enable_model_summary=False, enable_checkpointing=False, callbacks=callbacks,
-                     default_root_dir=tempfile.mkdtemp(), accumulate_grad_batches=accumulate)
+accelerator = "gpu" if device == "cuda" else "cpu"
+trainer = pl.Trainer(max_epochs=1, accelerator=accelerator, devices=1, enable_progress_bar=False,
+                     logger=False, enable_model_summary=False, enable_checkpointing=False,
+                     callbacks=callbacks, default_root_dir=tempfile.mkdtemp(),
+                     accumulate_grad_batches=accumulate)
 print("ready", flush=True)
 trainer.fit(Module(), torch.utils.data.DataLoader(Batches(), batch_size=None))
 """
@@ -135,7 +140,7 @@ trainer.fit(Module(), torch.utils.data.DataLoader(Batches(), batch_size=None))
 TRAINER_WORKER = r"""
 import os, sys, tempfile, time, warnings
 from pathlib import Path
-src, depth, threads = sys.argv[1], int(sys.argv[2]), int(sys.argv[4])
+src, depth, threads, device = sys.argv[1], int(sys.argv[2]), int(sys.argv[4]), sys.argv[5]
 accumulate = int(sys.argv[8])  # micro-batches a step (gradient_accumulation_steps)
 optim = {"optim": "paged_adamw_8bit"} if sys.argv[7] == "bnb" else {}  # (else the Trainer's default)
 if src not in ("-", "floor"):
@@ -163,13 +168,16 @@ class Batches(torch.utils.data.IterableDataset):
             for _ in range(4 * accumulate):
                 yield {"x": x}
         os._exit(0)  # (stdin closed: the run is over; a Trainer of max_steps would start its epoch anew)
+sync = torch.cuda.synchronize if device == "cuda" else (lambda: None)
 class Start(TrainerCallback):
     def on_step_begin(self, *args, **kwargs):
+        sync()  # (each step from an idle device, as the other workers' rounds)
         self.began = time.thread_time_ns(), time.perf_counter_ns()
 class End(TrainerCallback):
     def __init__(self, start):
         self.start = start
     def on_step_end(self, *args, **kwargs):
+        sync()
         cpu, wall = self.start.began
         print((time.thread_time_ns() - cpu) / 1e3, (time.perf_counter_ns() - wall) / 1e3, flush=True)
 start = Start()
@@ -205,8 +213,9 @@ elif src != "-":
 callbacks.append(End(start))
 out = tempfile.mkdtemp()
 args = TrainingArguments(output_dir=out, per_device_train_batch_size=4, max_steps=10**9, report_to="none",
-                         use_cpu=True, save_strategy="no", logging_strategy="no", disable_tqdm=True,
-                         dataloader_num_workers=0, gradient_accumulation_steps=accumulate, **optim)
+                         use_cpu=device == "cpu", save_strategy="no", logging_strategy="no",
+                         disable_tqdm=True, dataloader_num_workers=0, gradient_accumulation_steps=accumulate,
+                         **optim)
 trainer = Trainer(model=model, args=args, train_dataset=Batches(), callbacks=callbacks)
 print("ready", flush=True)
 trainer.train()
@@ -357,6 +366,15 @@ def run(
     ahead = kind in ("lightning", "trainer")  # (its loader fetches one batch ahead)
     worker = {"lightning": LIGHTNING_WORKER, "trainer": TRAINER_WORKER}.get(kind, WORKER)
     env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    # Each worker imports its own version of the package, so no PYTHONPATH entry holding one may stay; the
+    # others do (on the GPU machine the carried wheels are installed into a folder named there).
+    others = [
+        e
+        for e in os.environ.get("PYTHONPATH", "").split(os.pathsep)
+        if e and not (Path(e) / "anatomy").is_dir()
+    ]
+    if others:
+        env["PYTHONPATH"] = os.pathsep.join(others)
     env["TOKENIZERS_PARALLELISM"] = "false"
     sources = {"plain": "-", "control": "-", "base": str(base_src), "this": str(ROOT)}
     if floor:

@@ -1,0 +1,19 @@
+#!/bin/bash
+# The second call: bitsandbytes' AdamW8bit (run3's arm failed: the workers lost the carried wheels' folder from
+# PYTHONPATH, fixed in bench_hook_versions), the Trainer and Lightning on CUDA under accumulation, Llama told.
+set -u
+cd "$(dirname "$0")/../../.."
+O=${OUT:-/tmp/out}; mkdir -p "$O"
+python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl || exit 1
+export PYTHONPATH="$PWD:/tmp/site" PYTHONUNBUFFERED=1 TOKENIZERS_PARALLELISM=false
+run() { local name=$1 limit=$2; shift 2; local t0=$SECONDS
+  timeout "$limit" "$@" > "$O/$name.txt" 2>&1; echo "[$name rc $? in $((SECONDS - t0)) s]" | tee -a "$O/$name.txt"; }
+V="python3 benchmarks/bench_hook_versions.py --base-dir .basesrc --device cuda --floor --told --depths 2"
+run versions_cuda_bnb 60 $V --models mlp --rounds 400 --bnb
+grep -E "on cuda|this|plain|floor" "$O/versions_cuda_bnb.txt"
+run versions_cuda_trainer_accumulate 80 $V --models trainer --rounds 200 --accumulate 4
+grep -E "on cuda|this|plain|floor|Error" "$O/versions_cuda_trainer_accumulate.txt"
+run versions_cuda_lightning_accumulate 75 $V --models lightning --rounds 200 --accumulate 4
+grep -E "on cuda|this|plain|floor|Error" "$O/versions_cuda_lightning_accumulate.txt"
+run versions_cuda_llama_told 70 $V --models llama --rounds 300
+grep -E "on cuda|this|plain|floor|Error" "$O/versions_cuda_llama_told.txt"
