@@ -189,6 +189,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if reason is not None:
         print(f"gpu_check: no CUDA here, nothing checked: {reason}")
         return 0
+    from anatomy.gpucheck.resting import check_resting
     from anatomy.gpucheck.workloads import WORKLOADS
 
     verdicts: list[Verdict] = []
@@ -198,6 +199,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"gpu_check: could not describe cuda:0 ({type(exc).__name__}: {exc})", flush=True)
     for work in WORKLOADS:
         verdicts.extend(check_workload(work))
+    verdicts.extend(check_resting())
     print(table(verdicts))
     return exit_status(verdicts)
 

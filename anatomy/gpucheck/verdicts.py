@@ -300,3 +300,40 @@ def losses(workload: str, plain: list[float], hooked: list[float], tolerance: fl
         status,
         f"largest relative difference {worst:.2e} (GPU nondeterminism allows {tolerance:.0e})",
     )
+
+
+def resting_same(
+    workload: str,
+    full: list[dict[str, Any]],
+    rest: list[dict[str, Any]],
+    full_peaks: list[int],
+    rest_peaks: list[int],
+) -> Verdict:
+    """A run whose ordinary steps rest publishes what the same run with every step built the full way
+    publishes, step for step and field for field, and the user's own ``max_memory_allocated()`` after each
+    step reads the same."""
+    check = "resting steps = every step built"
+    if not full or len(full) != len(rest):
+        return Verdict(workload, check, FAIL, f"{len(full)} vs {len(rest)} steps in the history")
+    for a, b in zip(full, rest, strict=True):
+        if a != b:
+            fields = sorted(k for k in a.keys() | b.keys() if a.get(k) != b.get(k))
+            return Verdict(workload, check, FAIL, f"step {a.get('step')} differs in {', '.join(fields)}")
+    if full_peaks != rest_peaks:
+        pairs = zip(full_peaks, rest_peaks, strict=False)
+        at = next((i for i, (x, y) in enumerate(pairs) if x != y), min(len(full_peaks), len(rest_peaks)))
+        return Verdict(workload, check, FAIL, f"the user's max_memory_allocated differs after step {at}")
+    peaks = f", user's peak {mib(full_peaks[-1])} every step alike" if full_peaks else ""
+    return Verdict(workload, check, PASS, f"{len(full)} steps identical in every field{peaks}")
+
+
+def rested(workload: str, rested_blocks: int, blocks: int, least: float = 0.5) -> Verdict:
+    """Most step blocks rested (else the comparison beside this one checked the full way against itself)."""
+    share = rested_blocks / blocks if blocks else 0.0
+    status = PASS if share >= least else FAIL
+    return Verdict(
+        workload,
+        "ordinary steps rested",
+        status,
+        f"{rested_blocks} of {blocks} step blocks rested ({share:.0%}; at least {least:.0%} wanted)",
+    )

@@ -131,6 +131,25 @@ def test_losses_table_and_exit_status() -> None:
     assert text.splitlines()[-1] == "1 passed, 2 failed, 1 skipped"
 
 
+def test_resting_must_publish_what_every_step_built_publishes_and_most_steps_must_rest() -> None:
+    steps = [{"step": i, "memory": {"weights": 10}, "peak_bytes": 100 + i} for i in range(3)]
+    same = v.resting_same("w", steps, [dict(s) for s in steps], [5, 6, 6], [5, 6, 6])
+    assert same.status == v.PASS and same.detail.startswith("3 steps identical")
+    moved = [dict(s) for s in steps]
+    moved[1] = {**moved[1], "peak_bytes": 99, "memory": {"weights": 11}}
+    differs = v.resting_same("w", steps, moved, [], [])
+    assert differs.status == v.FAIL and differs.detail == "step 1 differs in memory, peak_bytes"
+    assert v.resting_same("w", steps, steps[:2], [], []).status == v.FAIL
+    assert v.resting_same("w", [], [], [], []).status == v.FAIL  # (nothing compared)
+    user = v.resting_same("w", steps, steps, [5, 6, 6], [5, 7, 7])
+    assert user.status == v.FAIL and user.detail.endswith("after step 1")
+    short = v.resting_same("w", steps, steps, [5, 6, 6], [5, 6])
+    assert short.status == v.FAIL and short.detail.endswith("after step 2")
+    assert v.rested("w", 57, 60).status == v.PASS
+    few = v.rested("w", 29, 60)
+    assert few.status == v.FAIL and few.detail.startswith("29 of 60 step blocks rested")
+
+
 # -- here: no CUDA -------------------------------------------------------------------------------------------
 
 
@@ -399,3 +418,57 @@ def test_an_older_hooks_cuda_figures_without_managed_still_decode() -> None:
     decoded = protocol.from_dict(d)
     assert isinstance(decoded, protocol.Snapshot) and decoded.cuda is not None
     assert decoded.cuda.managed == 0
+
+
+# -- the resting runs, on the CPU ----------------------------------------------------------------------------
+
+
+@pytest.fixture
+def short_resting_runs(monkeypatch: pytest.MonkeyPatch) -> None:
+    from anatomy.gpucheck import resting as gpu_resting
+
+    monkeypatch.setattr(gpu_resting, "STEPS", 20)
+    monkeypatch.setattr(gpu_resting, "ACCUMULATED_STEPS", 8)
+
+
+@pytest.mark.usefixtures("short_resting_runs", "nothing_compiled")
+def test_the_resting_runs_pass_where_steps_rest_as_they_are_built() -> None:
+    from anatomy.gpucheck.resting import CHECKS, check_resting
+
+    verdicts = check_resting(torch.device("cpu"))
+    assert [(x.workload, x.check) for x in verdicts] == [
+        (w, c) for w in ("mlp-resting", "mlp-accumulate-4") for c in CHECKS
+    ]
+    assert all(x.status == v.PASS for x in verdicts), v.table(verdicts)
+    counts = [x.detail.split()[:3] for x in verdicts if x.check == "ordinary steps rested"]
+    assert [int(n) for n, _, _ in counts] >= [15, 24] and [int(m) for _, _, m in counts] == [20, 32]
+
+
+@pytest.mark.usefixtures("short_resting_runs", "nothing_compiled")
+def test_the_resting_runs_fail_where_a_resting_step_publishes_another_figure(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from anatomy.gpucheck.resting import check_resting
+    from anatomy.hook.ordinary import OrdinarySteps
+
+    real = OrdinarySteps._end_ordinary
+
+    def off_by_one(self: Any, index: int, *args: Any) -> bool:
+        resting = len(args) == 14 and args[13]  # (its last argument)
+        return real(self, index + 1 if resting else index, *args)
+
+    monkeypatch.setattr(OrdinarySteps, "_end_ordinary", off_by_one)
+    verdicts = {(x.workload, x.check): x for x in check_resting(torch.device("cpu"))}
+    same = verdicts[("mlp-resting", "resting steps = every step built")]
+    assert same.status == v.FAIL and "differs in step" in same.detail
+
+
+@pytest.mark.usefixtures("short_resting_runs", "nothing_compiled")
+def test_the_resting_runs_fail_where_no_step_rests(monkeypatch: pytest.MonkeyPatch) -> None:
+    from anatomy.gpucheck.resting import check_resting
+    from anatomy.hook.resting import RestingSteps
+
+    monkeypatch.setattr(RestingSteps, "_rest_allow", lambda self, rec: None)  # (the gate never opens)
+    verdicts = check_resting(torch.device("cpu"))
+    assert [x.status for x in verdicts if x.check == "ordinary steps rested"] == [v.FAIL, v.FAIL]
+    assert all(x.status == v.PASS for x in verdicts if x.check != "ordinary steps rested")
