@@ -1,5 +1,6 @@
 #!/bin/bash
-# For the next lent machine: run4.sh (which ran out of time before its first figures) with limits that fit
+# For the next lent machine: scripts/gpu_check with its resting runs (db27bcf, never yet on a GPU), then run4.sh
+# (which ran out of time before its first figures) with limits that fit; the Llama run left out (~470 s in all)
 set -u
 cd "$(dirname "$0")/../../.."
 O=${OUT:-/tmp/out}; mkdir -p "$O"
@@ -7,12 +8,12 @@ python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upg
 export PYTHONPATH="$PWD:/tmp/site" PYTHONUNBUFFERED=1 TOKENIZERS_PARALLELISM=false
 run() { local name=$1 limit=$2; shift 2; local t0=$SECONDS
   timeout "$limit" "$@" > "$O/$name.txt" 2>&1; echo "[$name rc $? in $((SECONDS - t0)) s]" | tee -a "$O/$name.txt"; }
+run gpu_check 110 scripts/gpu_check
+grep -E "resting|accumulate|passed" "$O/gpu_check.txt"
 V="python3 benchmarks/bench_hook_versions.py --base-dir .basesrc --device cuda --floor --told --depths 2"
-run versions_cuda_bnb 120 $V --models mlp --rounds 400 --bnb
+run versions_cuda_bnb 100 $V --models mlp --rounds 400 --bnb
 grep -E "on cuda|this|plain|floor" "$O/versions_cuda_bnb.txt"
-run versions_cuda_trainer_accumulate 150 $V --models trainer --rounds 200 --accumulate 4
+run versions_cuda_trainer_accumulate 130 $V --models trainer --rounds 200 --accumulate 4
 grep -E "on cuda|this|plain|floor|Error" "$O/versions_cuda_trainer_accumulate.txt"
-run versions_cuda_lightning_accumulate 150 $V --models lightning --rounds 200 --accumulate 4
+run versions_cuda_lightning_accumulate 130 $V --models lightning --rounds 200 --accumulate 4
 grep -E "on cuda|this|plain|floor|Error" "$O/versions_cuda_lightning_accumulate.txt"
-run versions_cuda_llama_told 140 $V --models llama --rounds 300
-grep -E "on cuda|this|plain|floor|Error" "$O/versions_cuda_llama_told.txt"
