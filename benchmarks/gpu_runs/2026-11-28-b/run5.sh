@@ -1,6 +1,6 @@
 #!/bin/bash
 # For the next lent machine: scripts/gpu_check with its resting runs (db27bcf, never yet on a GPU), then run4.sh
-# (which ran out of time before its first figures) with limits that fit; the Llama run left out (~470 s in all)
+# (which ran out of time before its first figures) with limits that fit; the Llama run left out (~530 s in all)
 set -u
 cd "$(dirname "$0")/../../.."
 O=${OUT:-/tmp/out}; mkdir -p "$O"
@@ -17,3 +17,6 @@ run versions_cuda_trainer_accumulate 130 $V --models trainer --rounds 200 --accu
 grep -E "on cuda|this|plain|floor|Error" "$O/versions_cuda_trainer_accumulate.txt"
 run versions_cuda_lightning_accumulate 130 $V --models lightning --rounds 200 --accumulate 4
 grep -E "on cuda|this|plain|floor|Error" "$O/versions_cuda_lightning_accumulate.txt"
+# where the first steps go on CUDA (the sweep there: step 0 held 9.11 usual steps, step 1 +7.0 ms)
+run profile_first_steps 60 python3 benchmarks/profile_first_steps.py --device cuda --top 40
+head -70 "$O/profile_first_steps.txt"
