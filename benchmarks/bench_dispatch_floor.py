@@ -18,6 +18,7 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 import torch
+from bench_step_cost import build
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from anatomy.hook.heap import HostHeap
@@ -48,12 +49,8 @@ def main() -> None:
     ap.add_argument("--device", default="cpu")
     args = ap.parse_args()
     torch.set_num_threads(1)
-    torch.manual_seed(0)
     dev = torch.device(args.device)
-    layers: list[torch.nn.Module] = []
-    for _ in range(2):
-        layers += [torch.nn.Linear(64, 64), torch.nn.ReLU()]
-    model = torch.nn.Sequential(*layers).to(dev)
+    model = build(2, 64).to(dev)
     opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
     x = torch.randn(4, 64, device=dev)
     sync = torch.cuda.synchronize if dev.type == "cuda" else (lambda: None)

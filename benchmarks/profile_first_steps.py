@@ -27,14 +27,11 @@ ROOT = Path(__file__).resolve().parents[1]
 
 def _worker(hooked: bool, device: str, steps: int, profile_step: int, top: int) -> None:
     import torch
+    from bench_step_cost import build
 
     torch.set_num_threads(1)
-    torch.manual_seed(0)
     dev = torch.device(device)
-    layers: list[torch.nn.Module] = []
-    for _ in range(2):
-        layers += [torch.nn.Linear(64, 64), torch.nn.ReLU()]
-    model = torch.nn.Sequential(*layers).to(dev)
+    model = build(2, 64).to(dev)
     opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
     x = torch.randn(4, 64, device=dev)
     sync = torch.cuda.synchronize if dev.type == "cuda" else (lambda: None)

@@ -3,27 +3,13 @@ profile. Shape only, never timing."""
 
 from __future__ import annotations
 
-import os
 import re
-import subprocess
-import sys
-from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[2]
+from tests.hook.bench_runs import run_benchmark
 
 
 def test_each_first_step_and_the_worst_ones_profile_are_printed() -> None:
-    env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    proc = subprocess.run(
-        [sys.executable, str(ROOT / "benchmarks" / "profile_first_steps.py"), "--steps", "3", "--top", "5"],
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=300,
-        cwd=ROOT,
-    )
-    assert proc.returncode == 0, proc.stderr
-    out = proc.stdout
+    out = "\n".join(run_benchmark("profile_first_steps.py", "--steps", "3", "--top", "5")) + "\n"
     assert re.search(r"the usual plain step \d+\.\d+ ms", out), out
     steps = re.findall(
         r"step (\d): plain +\d+\.\d+ ms, hooked +\d+\.\d+ ms, extra +[+-]\d+\.\d+ usual steps", out
