@@ -3,11 +3,7 @@
 # (which ran out of time before its first figures) with limits that fit; the Llama run left out (~530 s in all)
 set -u
 cd "$(dirname "$0")/../../.."
-O=${OUT:-/tmp/out}; mkdir -p "$O"
-python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl || exit 1
-export PYTHONPATH="$PWD:/tmp/site" PYTHONUNBUFFERED=1 TOKENIZERS_PARALLELISM=false
-run() { local name=$1 limit=$2; shift 2; local t0=$SECONDS
-  timeout "$limit" "$@" > "$O/$name.txt" 2>&1; echo "[$name rc $? in $((SECONDS - t0)) s]" | tee -a "$O/$name.txt"; }
+source benchmarks/gpu_runs/device_env.sh
 run gpu_check 110 scripts/gpu_check
 grep -E "resting|accumulate|passed" "$O/gpu_check.txt"
 V="python3 benchmarks/bench_hook_versions.py --base-dir .basesrc --device cuda --floor --told --depths 2"
