@@ -106,42 +106,72 @@ def test_the_heap_reader_is_read_less_often_on_a_transformer_step() -> None:
     assert 0 < trace.reads < 0.75 * len(ran.ops)  # (a tiny Llama: about half its ops allocate nothing)
 
 
-def _peaks_with_the_stride_forced(large_share: int) -> tuple[int, int, int]:
-    """A small model whose step peaks at its logits' loss (a transient of 1 MiB), traced with every read
-    beyond the first skipped as a loaded machine skips them (the stride at its most); ``large_share`` 0:
-    no result counts as large. (The peak every op's read gives, the traced one, the reads.)"""
-    torch.manual_seed(0)
-    model = torch.nn.Sequential(torch.nn.Linear(64, 64), torch.nn.ReLU(), torch.nn.Linear(64, 4096))
-    x = torch.randn(64, 64)
+def _traced_with_the_stride_forced(
+    step: Any, off: tuple[str, ...] = (), forced: bool = True
+) -> tuple[int, int]:
+    """``step(trace)`` traced (its highest peak, its reads), with every read beyond the first skipped as a
+    loaded machine skips them (the stride at its most; ``forced`` False: every op read) and the reads
+    ``MemoryTrace`` makes anyway named in ``off`` (``_large``, ``_may_top``) not made."""
     heap = HostHeap()
     assert heap.available
-
-    def step() -> tuple[int, int]:
-        trace = MemoryTrace(read=heap.in_use)
-        with trace:
-            trace.phase = Phase.FORWARD
-            loss = model(x).log_softmax(-1).mean()
-            trace.phase = Phase.BACKWARD
-            loss.backward()
-        model.zero_grad(set_to_none=True)
-        return max(trace.peaks.values()), trace.reads
-
-    step()  # (the first run's one-time allocations)
-    every, _ = step()
     with pytest.MonkeyPatch.context() as m:
-        m.setattr(trace_module, "GRACE_READS", 0)
-        m.setattr(trace_module, "GRACE_S", 0.0)
-        m.setattr(trace_module, "READ_SHARE", 0.0)  # (any read costs more than the step allows)
-        m.setattr(trace_module, "LARGE_SHARE", large_share)
-        traced, reads = step()
-    return every, traced, reads
+        if forced:
+            m.setattr(trace_module, "GRACE_READS", 0)
+            m.setattr(trace_module, "GRACE_S", 0.0)
+            m.setattr(trace_module, "READ_SHARE", 0.0)  # (any read costs more than the step allows)
+        else:
+            m.setattr(trace_module, "_allocates", lambda func: True)
+            trace_module._ALLOCATES.clear()
+        for name in off:
+            m.setattr(MemoryTrace, name, lambda self, *args: False)
+        trace = MemoryTrace(read=heap.in_use)
+        step(trace)
+    trace_module._ALLOCATES.clear()
+    return max(trace.peaks.values()), trace.reads
 
 
 def test_a_large_result_is_read_after_whatever_the_stride() -> None:
     """A loaded machine's slow reads raise the stride; the op that makes a big transient is read after all
     the same (else the peak reads low by its size: a QLoRA Llama's by 1 MiB, 17%)."""
-    every, skipped, _ = _peaks_with_the_stride_forced(large_share=0)
-    assert skipped < every - 512 * 1024  # (the test's premise: the stride alone misses the logits' loss)
-    every, traced, reads = _peaks_with_the_stride_forced(large_share=trace_module.LARGE_SHARE)
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(64, 64), torch.nn.ReLU(), torch.nn.Linear(64, 4096))
+    x = torch.randn(64, 64)
+
+    def step(trace: MemoryTrace) -> None:  # (the peak: the logits and their log-softmax, 1 MiB each)
+        with torch.no_grad(), trace:
+            trace.phase = Phase.FORWARD
+            model(x).log_softmax(-1).mean()
+
+    step(MemoryTrace(read=lambda: 0))  # (the first run's one-time allocations)
+    every, every_reads = _traced_with_the_stride_forced(step, forced=False)
+    skipped, _ = _traced_with_the_stride_forced(step, off=("_large", "_may_top"))
+    assert skipped < every - 512 * 1024  # (the test's premise: the stride alone misses it)
+    traced, reads = _traced_with_the_stride_forced(step, off=("_may_top",))
+    assert abs(traced - every) < 64 * 1024 and reads < every_reads
+
+
+def test_past_the_forward_what_skipped_ops_allocated_is_read_where_it_may_top_the_step() -> None:
+    """A deep model's peak (in its backward, no one result large) read at the stride's most, as every op's
+    read gives it, in far fewer reads."""
+    torch.manual_seed(0)
+    layers: list[torch.nn.Module] = []
+    for _ in range(16):
+        layers += [torch.nn.Linear(256, 256), torch.nn.ReLU()]
+    model = torch.nn.Sequential(*layers)
+    x = torch.randn(256, 256)
+
+    def step(trace: MemoryTrace) -> None:
+        with trace:
+            trace.phase = Phase.FORWARD
+            loss = model(x).square().mean()
+            trace.phase = Phase.BACKWARD
+            loss.backward()
+        model.zero_grad(set_to_none=True)
+
+    step(MemoryTrace(read=lambda: 0))
+    every, every_reads = _traced_with_the_stride_forced(step, forced=False)
+    skipped, _ = _traced_with_the_stride_forced(step, off=("_large", "_may_top"))
+    assert skipped < every - 256 * 1024  # (the premise: a gradient's worth and more missed)
+    traced, reads = _traced_with_the_stride_forced(step, off=("_large",))
     assert abs(traced - every) < 64 * 1024
-    assert reads < 12  # (still sampled: the large results' reads and the phases' first)
+    assert reads < every_reads / 2
