@@ -11,6 +11,7 @@ and most step blocks must have rested, or the pair compared the full way with it
 from __future__ import annotations
 
 import dataclasses
+import time
 from dataclasses import dataclass
 from typing import Any
 
@@ -42,6 +43,7 @@ class RestRun:
     user_peaks: list[int]  # max_memory_allocated after each step (on CUDA)
     rested: int  # step blocks that began resting
     blocks: int  # step blocks run
+    step_s: float  # the run's mean step, device work included (one synchronization, at its end)
 
 
 def _model(dev: torch.device) -> tuple[torch.nn.Module, torch.optim.Optimizer]:
@@ -85,7 +87,10 @@ def run(rest: bool, blocks: int, steps: int, dev: torch.device, reset_each_step:
     tracker._rest_begin = counted  # type: ignore[method-assign]  # (this tracker's alone)
     kept: list[torch.Tensor] = []
     peaks: list[int] = []
+    sync = torch.cuda.synchronize if on_cuda else (lambda: None)
     try:
+        sync()
+        began = time.perf_counter()
         for _ in range(steps):
             if on_cuda and reset_each_step:
                 torch.cuda.reset_peak_memory_stats(dev)
@@ -100,11 +105,13 @@ def run(rest: bool, blocks: int, steps: int, dev: torch.device, reset_each_step:
             kept.append(loss.detach())  # (read after the run: no synchronization between steps)
             if on_cuda:
                 peaks.append(int(torch.cuda.max_memory_allocated(dev)))
+        sync()
+        step_s = (time.perf_counter() - began) / steps
         history = [_fields(s, on_cuda) for s in tracker.history]
     finally:
         tracker.close()
         resting.REST_ON, ordinary.ORDINARY_IN_O1 = saved
-    return RestRun(history, [float(t) for t in kept], peaks, counts[0], counts[1])
+    return RestRun(history, [float(t) for t in kept], peaks, counts[0], counts[1], step_s)
 
 
 def check_resting(device: torch.device | None = None) -> list[Verdict]:
@@ -127,5 +134,5 @@ def check_resting(device: torch.device | None = None) -> list[Verdict]:
             dataclasses.replace(losses(name, full.losses, rest.losses, tolerance=0.0), check=CHECKS[0])
         )
         out.append(resting_same(name, full.history, rest.history, full.user_peaks, rest.user_peaks))
-        out.append(rested(name, rest.rested, rest.blocks))
+        out.append(rested(name, rest.rested, rest.blocks, (rest.step_s, full.step_s)))
     return out

@@ -327,13 +327,19 @@ def resting_same(
     return Verdict(workload, check, PASS, f"{len(full)} steps identical in every field{peaks}")
 
 
-def rested(workload: str, rested_blocks: int, blocks: int, least: float = 0.5) -> Verdict:
-    """Most step blocks rested (else the comparison beside this one checked the full way against itself)."""
+def rested(
+    workload: str,
+    rested_blocks: int,
+    blocks: int,
+    step_s: tuple[float, float] | None = None,
+    least: float = 0.5,
+) -> Verdict:
+    """Most step blocks rested (else the comparison beside this one checked the full way against itself).
+    ``step_s``: the mean step resting and with every step built, said beside (not judged: a few dozen steps
+    with their first ones)."""
     share = rested_blocks / blocks if blocks else 0.0
     status = PASS if share >= least else FAIL
-    return Verdict(
-        workload,
-        "ordinary steps rested",
-        status,
-        f"{rested_blocks} of {blocks} step blocks rested ({share:.0%}; at least {least:.0%} wanted)",
-    )
+    detail = f"{rested_blocks} of {blocks} step blocks rested ({share:.0%}; at least {least:.0%} wanted)"
+    if step_s is not None:
+        detail += f"; a step {step_s[0] * 1e3:.3f} ms, every step built {step_s[1] * 1e3:.3f} ms"
+    return Verdict(workload, "ordinary steps rested", status, detail)

@@ -148,6 +148,8 @@ def test_resting_must_publish_what_every_step_built_publishes_and_most_steps_mus
     assert v.rested("w", 57, 60).status == v.PASS
     few = v.rested("w", 29, 60)
     assert few.status == v.FAIL and few.detail.startswith("29 of 60 step blocks rested")
+    timed = v.rested("w", 57, 60, (0.00125, 0.0016))
+    assert timed.detail.endswith("; a step 1.250 ms, every step built 1.600 ms")
 
 
 # -- here: no CUDA -------------------------------------------------------------------------------------------
@@ -441,6 +443,7 @@ def test_the_resting_runs_pass_where_steps_rest_as_they_are_built() -> None:
     ]
     assert all(x.status == v.PASS for x in verdicts), v.table(verdicts)
     counts = [x.detail.split()[:3] for x in verdicts if x.check == "ordinary steps rested"]
+    assert all(" ms, every step built " in x.detail for x in verdicts if x.check == "ordinary steps rested")
     assert [int(n) for n, _, _ in counts] >= [15, 24] and [int(m) for _, _, m in counts] == [20, 32]
 
 
