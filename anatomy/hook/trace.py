@@ -32,10 +32,10 @@ from dataclasses import dataclass
 from time import perf_counter
 from typing import Any
 
-import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from anatomy.hook.held import Held
+from anatomy.hook.saved_values import tensors_in
 from anatomy.vocabulary import Phase
 
 READ_SHARE = 1.0  # the trace's reads may take at most this share of the traced step's other time
@@ -50,16 +50,6 @@ GRACE_S = 0.02
 # A result of at least 1/LARGE_SHARE of how far memory moved in the step so far is read after whatever the
 # stride (MemoryTrace._large).
 LARGE_SHARE = 8
-
-
-def _result_bytes(out: Any) -> int:
-    """Bytes of an op's result (a tensor, or tuples and lists of them): what it allocated, for an op that
-    allocates."""
-    if isinstance(out, torch.Tensor):
-        return int(out.nbytes)
-    if isinstance(out, (tuple, list)):
-        return sum(_result_bytes(o) for o in out)
-    return 0
 
 
 # Per op seen (keyed by id, the op kept in the entry): whether it can allocate (see the module's docstring).
@@ -127,7 +117,7 @@ class MemoryTrace(TorchDispatchMode):
           the forward memory climbs with every op, so this would read after all of them; there the next
           phase's first reading sees where the climb ended."""
         try:
-            nbytes = _result_bytes(out)
+            nbytes = sum(t.nbytes for t in tensors_in(out))  # (an aten op's result: a tensor, or a tuple)
         except Exception:  # (a result of a kind never seen: the stride decides)
             return False
         self._pending += nbytes
