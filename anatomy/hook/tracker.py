@@ -73,6 +73,7 @@ from anatomy.hook.timing import (
     ClockRing,
     StepClock,
 )
+from anatomy.hook.warm import warm_instruments
 from anatomy.recorder import RecordSetting
 from anatomy.step_feed import FeedHistory, StepFeed
 from anatomy.vocabulary import Precision
@@ -207,6 +208,10 @@ class Tracker(RestingSteps):
         if not self._guard.ok(Feature.SETUP):  # a null tracker from here: nothing stays attached
             self._detach()
             self.enabled = False
+            return
+        self._start_publishing()
+        if self._schedule.sample_every > 0:  # (step 1 is sampled: its first-time costs paid here)
+            warm_instruments()
 
     @property
     def steps_done(self) -> int:
