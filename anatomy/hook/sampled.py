@@ -112,7 +112,9 @@ class SampledSteps(Attachment):
             # Normalization modules are watched by module hooks, except where something is compiled:
             # a graph compiled while they are on would break at every norm for good.
             compiled = compile_in_use(self.model)
-            prof = OpGroupProfiler((), hook=outside_compile)
+            # (a model on the CPU: every op timed on the host, no device looked up per op)
+            on_cpu = self._device is not None and self._device.type == "cpu"
+            prof = OpGroupProfiler((), hook=outside_compile, cuda=not on_cpu)
             piece = self._piece(prof, PROFILE)
             if not compiled:  # the norm watch: over the piece's own modules (a piece of blocks)
                 prof.watch(piece.modules(self.model) if piece is not None else self.model.modules())
