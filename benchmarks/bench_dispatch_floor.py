@@ -69,7 +69,7 @@ def main() -> None:
 
     @contextlib.contextmanager
     def trace() -> Iterator[None]:
-        with MemoryTrace(read=heap.in_use):  # (the heap on the CPU, as the hook reads it there)
+        with MemoryTrace(read=heap.reader()):  # (the heap on the CPU, as the hook reads it there)
             yield
 
     arms: dict[str, Callable[[], Any]] = {

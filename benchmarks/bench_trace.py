@@ -76,7 +76,7 @@ def main() -> None:
     allocates = trace_module._allocates
 
     def traced(every: bool) -> None:
-        trace = MemoryTrace(read=heap.in_use)
+        trace = MemoryTrace(read=heap.reader())  # (as the hook reads it)
         trace_module._ALLOCATES.clear()
         if every:
             trace_module._allocates = lambda func: True  # type: ignore[assignment]

@@ -5,6 +5,7 @@ from __future__ import annotations
 import ctypes
 import ctypes.util
 import logging
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -60,3 +61,17 @@ class HostHeap:
         if not self.available:
             return None
         return self._read()
+
+    def reader(self) -> Callable[[], int | None]:
+        """``in_use`` as one closure over glibc's function, for the per-op trace, which reads after every
+        op: ~1 µs a read less than the method (its check, its call of ``_read``, two ``int()``s of what
+        ctypes already gives as ints)."""
+        fn = self._fn
+        if not self.available or fn is None:
+            return lambda: None
+
+        def read() -> int:
+            info = fn()
+            return info.uordblks + info.hblkhd  # type: ignore[no-any-return]
+
+        return read
