@@ -4,7 +4,13 @@ tracker's defaults), each step synchronized and timed; prints every one of the f
 extra (hooked − plain, in usual steps), then ``cProfile`` of the hooked process's worst early step: its
 functions by cumulative time. The sweep's "the most any step was held up" is one of these steps.
 
+With ``--rounds N`` each round starts fresh processes — plain, the working tree's hook and, with ``--base
+REV`` (or ``--base-dir``: the package exported there), the hook as that revision had it — in rotating
+order, and the extras printed are each step's median over the rounds with their range; ``this − base`` per
+round too. A first step is once per process: only fresh processes repeat it.
+
 Usage: python benchmarks/profile_first_steps.py [--device cuda] [--steps 8] [--top 30]
+       python benchmarks/profile_first_steps.py --rounds 9 --base HEAD --no-profile
 """
 
 from __future__ import annotations
@@ -69,13 +75,72 @@ def _worker(hooked: bool, device: str, steps: int, profile_step: int, top: int) 
     print(json.dumps({"times": times, "profile": text}))
 
 
-def _run(hooked: bool, device: str, steps: int, profile_step: int, top: int) -> dict[str, object]:
+def _run(
+    hooked: bool, device: str, steps: int, profile_step: int, top: int, src: Path = ROOT
+) -> dict[str, object]:
+    """One worker process; ``src``: where its ``anatomy`` package comes from (the working tree's, or a
+    revision's exported)."""
     args = [sys.executable, __file__, "--worker", "hooked" if hooked else "plain", "--device", device]
     args += ["--steps", str(steps), "--profile-step", str(profile_step), "--top", str(top)]
-    env = dict(os.environ, PYTHONPATH=str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    # (no other entry holding an ``anatomy`` package may stay ahead of this worker's; the benchmarks'
+    # folder for bench_step_cost)
+    others = [
+        e
+        for e in os.environ.get("PYTHONPATH", "").split(os.pathsep)
+        if e and not (Path(e) / "anatomy").is_dir()
+    ]
+    path = [str(src), str(ROOT / "benchmarks"), *others]
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(path))
     done = subprocess.run(args, capture_output=True, text=True, env=env, timeout=600, check=True)
     result: dict[str, object] = json.loads(done.stdout.strip().splitlines()[-1])
     return result
+
+
+def _times(result: dict[str, object]) -> list[float]:
+    times = result["times"]
+    assert isinstance(times, list)
+    return [float(t) for t in times]
+
+
+def _rounds(args: argparse.Namespace, base_src: Path | None) -> None:
+    """``--rounds``: fresh processes per round, each step's extra as the median over rounds."""
+    arms: dict[str, Path | None] = {"plain": None, "this": ROOT}
+    if base_src is not None:
+        arms["base"] = base_src
+    names = list(arms)
+    extras: dict[str, list[list[float]]] = {a: [] for a in names if a != "plain"}
+    usuals: list[float] = []
+    for r in range(args.rounds):
+        got: dict[str, list[float]] = {}
+        for arm in names[r % len(names) :] + names[: r % len(names)]:  # (rotating order)
+            src = arms[arm]
+            got[arm] = _times(_run(src is not None, args.device, args.steps, -1, args.top, src or ROOT))
+        usual = statistics.median(got["plain"][args.steps :])
+        usuals.append(usual)
+        for arm in extras:
+            extras[arm].append(
+                [
+                    (b - a) / usual
+                    for a, b in zip(got["plain"][: args.steps], got[arm][: args.steps], strict=True)
+                ]
+            )
+    print(
+        f"2-block MLP on {args.device}, {args.rounds} rounds of fresh processes ({', '.join(names)}): "
+        f"the usual plain step {statistics.median(usuals) * 1e3:.3f} ms"
+    )
+    for i in range(args.steps):
+        parts = []
+        for arm, rows in extras.items():
+            col = [row[i] for row in rows]
+            parts.append(f"{arm} {statistics.median(col):+6.2f} ({min(col):+.2f}..{max(col):+.2f})")
+        if "base" in extras:
+            diff = [t[i] - b[i] for t, b in zip(extras["this"], extras["base"], strict=True)]
+            parts.append(f"this − base {statistics.median(diff):+6.2f}")
+        print(f"  step {i}: extra in usual steps, median (range): " + ", ".join(parts))
+    worst = statistics.median(max(row) for row in extras["this"])
+    print(f"  the most any of the first {args.steps} steps was held up (this): median {worst:.2f}")
+    if "base" in extras:
+        print(f"  (base): median {statistics.median(max(row) for row in extras['base']):.2f}")
 
 
 def main() -> None:
@@ -85,6 +150,10 @@ def main() -> None:
     ap.add_argument("--top", type=int, default=30)
     ap.add_argument("--worker", choices=["plain", "hooked"], help=argparse.SUPPRESS)
     ap.add_argument("--profile-step", type=int, default=-1, help=argparse.SUPPRESS)
+    ap.add_argument("--rounds", type=int, default=0, help="fresh processes per round, medians over rounds")
+    ap.add_argument("--base", default=None, help="with --rounds: the hook at this git revision too")
+    ap.add_argument("--base-dir", type=Path, default=None, help="the base's package already exported here")
+    ap.add_argument("--no-profile", action="store_true", help="skip the worst step's cProfile")
     args = ap.parse_args()
     if args.worker:
         _worker(args.worker == "hooked", args.device, args.steps, args.profile_step, args.top)
@@ -94,6 +163,16 @@ def main() -> None:
 
         if not torch.cuda.is_available():
             print("profile_first_steps: no CUDA here")
+            return
+    if args.rounds > 0:
+        with tempfile.TemporaryDirectory() as tmp:
+            base_src = args.base_dir.resolve() if args.base_dir else None
+            if base_src is None and args.base:
+                from bench_hook_versions import export
+
+                base_src = export(args.base, Path(tmp))
+            _rounds(args, base_src)
+        if args.no_profile:
             return
     plain = _run(False, args.device, args.steps, -1, args.top)
     hooked = _run(True, args.device, args.steps, -1, args.top)

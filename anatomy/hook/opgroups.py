@@ -4,8 +4,9 @@
 is a ``TorchDispatchMode`` meant for one sampled step: every aten op run inside it is timed and its
 FLOPs counted. Measured cost (benchmarks/bench_opgroups.py, CPU): on a small BERT step ~1.05-1.17x the
 step's CPU time (torch's own FlopCounterMode: ~1.3x); on a 2-block MLP, 77 ops of a few µs each, 3.2x,
-where a dispatch mode that does nothing costs 2.7x (torch's dispatch to Python, ~20 µs an op on a slow
-CPU): the profiler's own code is ~6 µs an op (each op's group and counter are looked up once).
+where a dispatch mode that does nothing costs 2.7x (torch's dispatch to Python, ~15-20 µs an op on a slow
+CPU): the profiler's own code is ~8 µs an op over that (``bench_dispatch_floor.py``: each op's group and
+counter looked up once, its FLOPs counted, one tuple appended).
 
 Backward ops are seen too. On CPU, autograd runs backward on the calling thread. On CUDA it runs on
 the engine's per-device threads, but the engine copies the caller's ``at::ThreadLocalState`` into each

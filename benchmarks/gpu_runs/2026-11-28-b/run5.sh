@@ -13,6 +13,8 @@ run versions_cuda_trainer_accumulate 130 $V --models trainer --rounds 200 --accu
 grep -E "on cuda|this|plain|floor|Error" "$O/versions_cuda_trainer_accumulate.txt"
 run versions_cuda_lightning_accumulate 130 $V --models lightning --rounds 200 --accumulate 4
 grep -E "on cuda|this|plain|floor|Error" "$O/versions_cuda_lightning_accumulate.txt"
-# where the first steps go on CUDA (the sweep there: step 0 held 9.11 usual steps, step 1 +7.0 ms)
-run profile_first_steps 60 python3 benchmarks/profile_first_steps.py --device cuda --top 40
-head -70 "$O/profile_first_steps.txt"
+# where the first steps go on CUDA (the sweep there: step 0 held 9.11 usual steps, step 1 +7.0 ms), against the
+# hook before the set-up took the first steps' once-per-process work (.basefirst: git archive 1e8eb2f anatomy)
+run profile_first_steps 120 python3 benchmarks/profile_first_steps.py --device cuda --top 40 --rounds 3 --steps 6 \
+    --base-dir .basefirst
+head -80 "$O/profile_first_steps.txt"
