@@ -18,3 +18,25 @@ def test_each_first_step_and_the_worst_ones_profile_are_printed() -> None:
     worst = re.search(r"cProfile of the hooked process's step (\d), by cumulative time:", out)
     assert worst is not None and worst.group(1) in steps, out
     assert "function calls" in out.split(worst.group(0))[1], out  # (cProfile's own header)
+
+
+def test_rounds_against_a_revision_print_each_steps_median_for_both_hooks() -> None:
+    """``--rounds`` with ``--base``: fresh processes each round, every first step's median extra for the
+    working tree's hook and the revision's, this − base per round, and the most any step was held up."""
+    out = "\n".join(
+        run_benchmark(
+            "profile_first_steps.py", "--steps", "3", "--rounds", "1", "--base", "HEAD", "--no-profile"
+        )
+    )
+    assert re.search(r"1 rounds of fresh processes \(plain, this, base\)", out), out
+    num = r"[+-]\d+\.\d+"
+    rows = re.findall(
+        rf"step (\d): extra in usual steps, median \(range\): this +{num} \({num}\.\.{num}\), "
+        rf"base +{num} \({num}\.\.{num}\), this − base +{num}",
+        out,
+    )
+    assert rows == ["0", "1", "2"], out
+    assert re.search(r"held up \(this\): median \d+\.\d+", out) and re.search(
+        r"\(base\): median \d+\.\d+", out
+    ), out
+    assert "cProfile" not in out  # (--no-profile)
