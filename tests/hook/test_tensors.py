@@ -128,3 +128,38 @@ def test_shared_state_storage_counted_once() -> None:
     opt.state[p] = {"momentum_buffer": shared}
     opt.state[q] = {"momentum_buffer": shared[:50]}  # a view of the same storage
     assert optimizer_state_bytes(opt) == 400
+
+
+def _same(
+    a: list[torch.Tensor] | list[torch.nn.Module], b: list[torch.Tensor] | list[torch.nn.Module]
+) -> bool:
+    return len(a) == len(b) and all(x is y for x, y in zip(a, b, strict=True))
+
+
+def test_model_parts_in_one_walk_lists_what_torchs_three_walks_list(hk: SimpleNamespace) -> None:
+    """One walk of the modules gives the parameters, buffers and modules torch's ``parameters()``,
+    ``buffers()`` and ``modules()`` give, in their order, each once: tied weights, a module used twice, a
+    parameter or buffer set to None, a non-persistent buffer; a model overriding ``parameters()`` is
+    listed through its override."""
+    from anatomy.hook.tensors import model_parts
+
+    shared = torch.nn.Linear(3, 3, bias=False)  # (its bias: None)
+    model = torch.nn.Sequential(hk.small_gpt2(), shared, torch.nn.BatchNorm1d(3), shared)
+    model[2].register_buffer("scratch", torch.zeros(2), persistent=False)
+    model[2].register_buffer("gone", None)
+    params, buffers, modules = model_parts(model)
+    assert _same(params, list(model.parameters()))
+    assert _same(buffers, list(model.buffers()))
+    assert _same(modules, list(model.modules()))
+    assert len({id(p) for p in params}) == len(params)  # (the tied embedding once)
+
+    class OnlySome(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.a, self.b = torch.nn.Linear(2, 2), torch.nn.Linear(2, 2)
+
+        def parameters(self, recurse: bool = True):  # type: ignore[no-untyped-def,override]
+            return iter(self.a.parameters())
+
+    only = OnlySome()
+    assert _same(model_parts(only)[0], list(only.a.parameters()))
