@@ -46,7 +46,13 @@ def storage_bytes(t: torch.Tensor) -> int:
 
 
 def dtype_name(dtype: torch.dtype) -> str:
-    return str(dtype).removeprefix("torch.")
+    name = str(dtype).removeprefix("torch.")
+    if len(_DTYPE_NAMES) < 64:
+        _DTYPE_NAMES[dtype] = name
+    return name
+
+
+_DTYPE_NAMES: dict[torch.dtype, str] = {}
 
 
 def unwrap_optimizer(optimizer: Any) -> Any:
@@ -141,12 +147,18 @@ def weight_bytes(model: torch.nn.Module, parts: Parts | None = None) -> dict[str
     seen: set[int] = set()
     out: dict[str, int] = {}
     for t in model_tensors(model, parts):
-        key = storage_key(t)
+        local = local_tensor(t)  # (storage_key and storage_bytes written out: one storage asked for both)
+        try:
+            storage = local.untyped_storage()
+            ptr, nbytes = storage.data_ptr(), int(storage.nbytes())
+        except RuntimeError:  # a wrapper subclass without a storage of its own
+            ptr, nbytes = 0, 0
+        key = ptr if ptr else -id(local)
         if key in seen:
             continue
         seen.add(key)
-        name = dtype_name(t.dtype)
-        out[name] = out.get(name, 0) + storage_bytes(t)
+        name = _DTYPE_NAMES.get(t.dtype) or dtype_name(t.dtype)
+        out[name] = out.get(name, 0) + nbytes
     return out
 
 

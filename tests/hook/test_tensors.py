@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from types import SimpleNamespace
 
 import pytest
@@ -130,9 +131,7 @@ def test_shared_state_storage_counted_once() -> None:
     assert optimizer_state_bytes(opt) == 400
 
 
-def _same(
-    a: list[torch.Tensor] | list[torch.nn.Module], b: list[torch.Tensor] | list[torch.nn.Module]
-) -> bool:
+def _same(a: Sequence[object], b: Sequence[object]) -> bool:
     return len(a) == len(b) and all(x is y for x, y in zip(a, b, strict=True))
 
 
@@ -163,3 +162,27 @@ def test_model_parts_in_one_walk_lists_what_torchs_three_walks_list(hk: SimpleNa
 
     only = OnlySome()
     assert _same(model_parts(only)[0], list(only.a.parameters()))
+
+
+def test_an_8bit_layers_state_is_found_in_its_dict_or_through_a_property() -> None:
+    """``layer_state_tensors`` reads ``state`` from the module's __dict__ (where bitsandbytes sets it) and
+    still through a class attribute (a property), never through Module.__getattr__'s failure path."""
+    from anatomy.hook.quantized import layer_state_tensors
+
+    class MatmulLtState:  # (duck-typed by its class name, as bitsandbytes' is)
+        def __init__(self) -> None:
+            self.CB, self.SCB = torch.zeros(4, dtype=torch.int8), torch.ones(2)
+
+    in_dict = torch.nn.Linear(2, 2)
+    in_dict.state = MatmulLtState()  # type: ignore[assignment]
+    assert [t.shape for t in layer_state_tensors(in_dict)] == [torch.Size([4]), torch.Size([2])]
+
+    class WithProperty(torch.nn.Linear):
+        @property
+        def state(self) -> MatmulLtState:
+            return held
+
+    held = MatmulLtState()
+    found = layer_state_tensors(WithProperty(2, 2))
+    assert len(found) == 2 and found[0] is held.CB and found[1] is held.SCB
+    assert layer_state_tensors(torch.nn.Linear(2, 2)) == []
