@@ -244,8 +244,8 @@ class StepSnapshots(FrameworkCalls):
             self._channel.publish(hello)
 
     def _publish_latest(self) -> None:
-        """A step was built in full: the publisher starts with the first one (it follows the step feed
-        from then on), and a changed set-up reaches it before this step."""
+        """A step was built in full: a changed set-up reaches the publisher before this step (started with
+        the set-up, it follows the step feed; ``publish`` starts it here only where the set-up did not)."""
         if self._hello_stale:  # the set-up changed: the monitor learns it before this step
             self._hello_stale = False
             self._channel.set_hello(self.hello)
