@@ -15,6 +15,6 @@ run versions_cuda_lightning_accumulate 130 $V --models lightning --rounds 200 --
 grep -E "on cuda|this|plain|floor|Error" "$O/versions_cuda_lightning_accumulate.txt"
 # where the first steps go on CUDA (the sweep there: step 0 held 9.11 usual steps, step 1 +7.0 ms), against the
 # hook before the set-up took the first steps' once-per-process work (.basefirst: git archive 1e8eb2f anatomy)
-run profile_first_steps 120 python3 benchmarks/profile_first_steps.py --device cuda --top 40 --rounds 3 --steps 6 \
+run profile_first_steps 100 python3 benchmarks/profile_first_steps.py --device cuda --rounds 3 --steps 6 --no-profile \
     --base-dir .basefirst
 head -80 "$O/profile_first_steps.txt"
