@@ -11,6 +11,7 @@ from collections.abc import Iterable
 import torch
 
 from anatomy.hook.tensors import storage_bytes
+from anatomy.vocabulary import Phase
 
 
 class GradientWatcher:
@@ -33,14 +34,27 @@ class GradientWatcher:
         self._watched: set[int] = set()  # id() of the gradient tensors counted and alive
         self._refs: dict[int, weakref.ref[torch.Tensor]] = {}
         self._lock = threading.Lock()  # reads may come from autograd's device threads
+        self._in_forward = False
+        self._forward_scanned = False
         self._scan()
+
+    def phase_begins(self, phase: Phase) -> None:
+        """A phase of the traced step begins (the tracker's boundary, as it tells the trace). A forward makes
+        no gradient, and one that dies meanwhile is uncounted as it dies: in a forward only the first read
+        looks at the parameters (those of an earlier micro-batch's backward), the later ones do not. The
+        trace reads at every new high, which in a forward is nearly every op: a look at a 32-layer tiny
+        Llama's 291 parameters took 54 µs, five heap reads."""
+        self._in_forward = phase is Phase.FORWARD
+        self._forward_scanned = False
 
     @property
     def bytes(self) -> int:
         """Bytes of the parameters' gradients alive now."""
-        # (inside the user's step: never in its way; the last count stands)
-        with contextlib.suppress(Exception):
-            self._scan()
+        if not (self._in_forward and self._forward_scanned):
+            # (inside the user's step: never in its way; the last count stands)
+            with contextlib.suppress(Exception):
+                self._scan()
+            self._forward_scanned = self._in_forward
         return self._bytes
 
     def _scan(self) -> None:

@@ -457,5 +457,7 @@ class PhaseHooks(CountingWindow):
         allocator's peak window (CUDA)."""
         if rec.trace is not None:
             rec.trace.phase = next_phase
+            if rec.grad_watch is not None:
+                rec.grad_watch.phase_begins(next_phase)
         if self._memory is not None:
             self._memory.phase_ends(rec, next_phase)

@@ -93,3 +93,37 @@ def test_a_traced_step_leaves_no_gradient_hook_on_the_parameters(monkeypatch: py
     assert all(w._params == [] for w in made)
     params = list(model.parameters())
     assert all(p._post_accumulate_grad_hooks is None and p._backward_hooks is None for p in params)
+
+
+def test_in_a_forward_only_the_first_read_looks_at_the_parameters() -> None:
+    """A forward makes no gradient: after the tracker's boundary into one, its first read finds what an
+    earlier micro-batch's backward left and later reads look at no parameter; a gradient freed in it is
+    uncounted as it dies all the same; in backward every read looks."""
+    from anatomy.vocabulary import Phase
+
+    lin = torch.nn.Linear(8, 8)
+    params = list(lin.parameters())
+    watch = GradientWatcher(params)
+    scans: list[int] = []
+    scan = watch._scan
+
+    def counted() -> None:
+        scans.append(1)
+        scan()
+
+    watch._scan = counted  # type: ignore[method-assign]
+    lin(torch.randn(2, 8)).sum().backward()  # (a first micro-batch: gradients made before the forward)
+    watch.phase_begins(Phase.FORWARD)
+    assert watch.bytes == gradient_bytes(params) and len(scans) == 1
+    for _ in range(5):
+        assert watch.bytes == gradient_bytes(params)
+    assert len(scans) == 1  # (the forward's later reads: no look)
+    lin.weight.grad = None  # (freed in the forward: its death is counted)
+    assert watch.bytes == gradient_bytes(params) == 8 * 4 and len(scans) == 1
+    watch.phase_begins(Phase.BACKWARD)
+    lin(torch.randn(2, 8)).sum().backward()
+    assert watch.bytes == gradient_bytes(params) and len(scans) == 2
+    assert watch.bytes == gradient_bytes(params) and len(scans) == 3  # (in backward: every read looks)
+    watch.phase_begins(Phase.FORWARD)  # (the next micro-batch's forward: its first read looks again)
+    assert watch.bytes == gradient_bytes(params) and len(scans) == 4
+    watch.close()
