@@ -17,7 +17,7 @@ import time
 from collections.abc import Callable
 
 import torch
-from transformers import LlamaConfig, LlamaForCausalLM
+from bench_resum import llama
 
 from anatomy.hook.gradients import GradientWatcher
 from anatomy.hook.heap import HostHeap
@@ -26,22 +26,10 @@ from anatomy.hook.trace import MemoryTrace
 from anatomy.vocabulary import Phase
 
 
-def _model(layers: int) -> torch.nn.Module:
-    cfg = LlamaConfig(
-        vocab_size=256,
-        hidden_size=32,
-        intermediate_size=64,
-        num_hidden_layers=layers,
-        num_attention_heads=4,
-        num_key_value_heads=4,
-    )
-    return LlamaForCausalLM(cfg)
-
-
 def _compare(layers: int, rounds: int, heap: HostHeap) -> None:
-    model = _model(layers)
+    model = llama(layers)  # (bench_resum's tiny Llama)
     opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
-    ids = torch.randint(0, 256, (2, 32))
+    ids = torch.randint(0, 1024, (2, 32))
     params = list(model.parameters())
 
     def step(phase: Callable[[Phase], None]) -> None:
