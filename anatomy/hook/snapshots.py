@@ -231,21 +231,9 @@ class StepSnapshots(FrameworkCalls):
         latest are; ``pending``: clocks not yet readable)."""
         return self._throughput
 
-    def _start_publishing(self) -> None:
-        """The socket opened and the publisher's thread started with the set-up, the hello as it stands
-        (steps that change it send the new one before their snapshot): binding it on the first step's end
-        held that step up by ~0.8 ms, a usual step of a small model (issue 19: no step held up by our
-        work). A monitor meanwhile shows the process with its model, waiting for a step."""
-        if not self._channel.enabled:
-            return
-        with self._guard(Feature.PUBLISH):
-            hello = self.hello
-            self._hello_stale = False
-            self._channel.publish(hello)
-
     def _publish_latest(self) -> None:
-        """A step was built in full: a changed set-up reaches the publisher before this step (started with
-        the set-up, it follows the step feed; ``publish`` starts it here only where the set-up did not)."""
+        """A changed set-up reaches the publisher before the next snapshot; the publisher starts with the
+        first call (the set-up's: it follows the step feed from then on)."""
         if self._hello_stale:  # the set-up changed: the monitor learns it before this step
             self._hello_stale = False
             self._channel.set_hello(self.hello)

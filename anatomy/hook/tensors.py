@@ -26,23 +26,27 @@ def local_tensor(t: torch.Tensor) -> torch.Tensor:
     return part if isinstance(part, torch.Tensor) else t
 
 
+def storage_key_and_bytes(t: torch.Tensor) -> tuple[int, int]:
+    """:func:`storage_key` and :func:`storage_bytes` of ``t`` from one look at its storage (a sum of many
+    tensors asks for both of each)."""
+    t = local_tensor(t)
+    try:
+        storage = t.untyped_storage()
+        ptr, nbytes = storage.data_ptr(), int(storage.nbytes())
+    except RuntimeError:  # a wrapper subclass without a storage of its own
+        ptr, nbytes = 0, 0
+    return (ptr if ptr else -id(t)), nbytes
+
+
 def storage_key(t: torch.Tensor) -> int:
     """Identity of a tensor's storage: its data pointer (unique across CPU and CUDA under UVA).
     Tensors without data (meta, fake, a storage FSDP freed by resizing it to 0) have pointer 0 or none;
     they are keyed by object identity instead."""
-    t = local_tensor(t)
-    try:
-        ptr = t.untyped_storage().data_ptr()
-    except RuntimeError:  # a wrapper subclass without a storage of its own
-        ptr = 0
-    return ptr if ptr else -id(t)
+    return storage_key_and_bytes(t)[0]
 
 
 def storage_bytes(t: torch.Tensor) -> int:
-    try:
-        return int(local_tensor(t).untyped_storage().nbytes())
-    except RuntimeError:
-        return 0
+    return storage_key_and_bytes(t)[1]
 
 
 def dtype_name(dtype: torch.dtype) -> str:
@@ -147,13 +151,7 @@ def weight_bytes(model: torch.nn.Module, parts: Parts | None = None) -> dict[str
     seen: set[int] = set()
     out: dict[str, int] = {}
     for t in model_tensors(model, parts):
-        local = local_tensor(t)  # (storage_key and storage_bytes written out: one storage asked for both)
-        try:
-            storage = local.untyped_storage()
-            ptr, nbytes = storage.data_ptr(), int(storage.nbytes())
-        except RuntimeError:  # a wrapper subclass without a storage of its own
-            ptr, nbytes = 0, 0
-        key = ptr if ptr else -id(local)
+        key, nbytes = storage_key_and_bytes(t)
         if key in seen:
             continue
         seen.add(key)
@@ -170,10 +168,10 @@ def gradient_bytes(model_or_params: Any) -> int:
         g = p.grad
         if g is None:
             continue
-        key = storage_key(g)
+        key, nbytes = storage_key_and_bytes(g)
         if key not in seen:
             seen.add(key)
-            total += storage_bytes(g)
+            total += nbytes
     return total
 
 
@@ -201,10 +199,10 @@ def optimizer_state_bytes(optimizer: Any) -> int:
         for t in _state_tensors(per_param):
             if getattr(t, "is_paged", False) is True:
                 continue  # bitsandbytes' managed memory, outside the allocator: anatomy.hook.paged
-            key = storage_key(t)
+            key, nbytes = storage_key_and_bytes(t)
             if key not in seen:
                 seen.add(key)
-                total += storage_bytes(t)
+                total += nbytes
     return total
 
 
