@@ -212,8 +212,9 @@ class Tracker(RestingSteps):
         # The socket and the publisher's thread start with the set-up, the hello as it stands: on the first
         # step's end they held it up by ~0.8 ms, a usual step of a small model (issue 19). A monitor meanwhile
         # shows the process with its model, waiting for a step.
-        with self._guard(Feature.PUBLISH):
-            self._publish_latest()
+        if self._channel.enabled:  # (nothing to start: the hello is built when a step needs it)
+            with self._guard(Feature.PUBLISH):
+                self._publish_latest()
         if self._schedule.sample_every > 0:  # (step 1 is sampled: its first-time costs paid here)
             warm_instruments()
 
