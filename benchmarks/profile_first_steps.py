@@ -1,8 +1,9 @@
-"""Where the hook's first steps go: a 2-block MLP (as the issue's sweep trains it, a step told its samples)
-trained in two processes, one without and one with the hook (publishing, the recorder on, sampling at the
-tracker's defaults), each step synchronized and timed; prints every one of the first ``--steps`` steps'
-extra (hooked − plain, in usual steps), then ``cProfile`` of the hooked process's worst early step: its
-functions by cumulative time. The sweep's "the most any step was held up" is one of these steps.
+"""Where the hook's first steps go: a 2-block MLP (``--blocks``; as the issue's sweep trains it, a step
+told its samples) trained in two processes, one without and one with the hook (publishing, the recorder on,
+sampling at the tracker's defaults), each step synchronized and timed; prints every one of the first
+``--steps`` steps' extra (hooked − plain, in usual steps), then ``cProfile`` of the hooked process's worst
+early step: its functions by cumulative time. The sweep's "the most any step was held up" is one of
+these steps.
 
 With ``--rounds N`` each round starts fresh processes — plain, the working tree's hook and, with ``--base
 REV`` (or ``--base-dir``: the package exported there), the hook as that revision had it — in rotating
@@ -11,6 +12,7 @@ round too. A first step is once per process: only fresh processes repeat it.
 
 Usage: python benchmarks/profile_first_steps.py [--device cuda] [--steps 8] [--top 30]
        python benchmarks/profile_first_steps.py --rounds 9 --base HEAD --no-profile
+       python benchmarks/profile_first_steps.py --blocks 8 --steps 48 --rounds 5 --base HEAD --no-profile
 """
 
 from __future__ import annotations
@@ -31,13 +33,13 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def _worker(hooked: bool, device: str, steps: int, profile_step: int, top: int) -> None:
+def _worker(hooked: bool, device: str, steps: int, profile_step: int, top: int, blocks: int = 2) -> None:
     import torch
     from bench_step_cost import build
 
     torch.set_num_threads(1)
     dev = torch.device(device)
-    model = build(2, 64).to(dev)
+    model = build(blocks, 64).to(dev)
     opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
     x = torch.randn(4, 64, device=dev)
     sync = torch.cuda.synchronize if dev.type == "cuda" else (lambda: None)
@@ -76,12 +78,13 @@ def _worker(hooked: bool, device: str, steps: int, profile_step: int, top: int) 
 
 
 def _run(
-    hooked: bool, device: str, steps: int, profile_step: int, top: int, src: Path = ROOT
+    hooked: bool, device: str, steps: int, profile_step: int, top: int, src: Path = ROOT, blocks: int = 2
 ) -> dict[str, object]:
     """One worker process; ``src``: where its ``anatomy`` package comes from (the working tree's, or a
     revision's exported)."""
     args = [sys.executable, __file__, "--worker", "hooked" if hooked else "plain", "--device", device]
     args += ["--steps", str(steps), "--profile-step", str(profile_step), "--top", str(top)]
+    args += ["--blocks", str(blocks)]
     # (no other entry holding an ``anatomy`` package may stay ahead of this worker's; the benchmarks'
     # folder for bench_step_cost)
     others = [
@@ -114,7 +117,8 @@ def _rounds(args: argparse.Namespace, base_src: Path | None) -> None:
         got: dict[str, list[float]] = {}
         for arm in names[r % len(names) :] + names[: r % len(names)]:  # (rotating order)
             src = arms[arm]
-            got[arm] = _times(_run(src is not None, args.device, args.steps, -1, args.top, src or ROOT))
+            hooked = src is not None
+            got[arm] = _times(_run(hooked, args.device, args.steps, -1, args.top, src or ROOT, args.blocks))
         usual = statistics.median(got["plain"][args.steps :])
         usuals.append(usual)
         for arm in extras:
@@ -125,8 +129,8 @@ def _rounds(args: argparse.Namespace, base_src: Path | None) -> None:
                 ]
             )
     print(
-        f"2-block MLP on {args.device}, {args.rounds} rounds of fresh processes ({', '.join(names)}): "
-        f"the usual plain step {statistics.median(usuals) * 1e3:.3f} ms"
+        f"{args.blocks}-block MLP on {args.device}, {args.rounds} rounds of fresh processes "
+        f"({', '.join(names)}): the usual plain step {statistics.median(usuals) * 1e3:.3f} ms"
     )
     for i in range(args.steps):
         parts = []
@@ -147,6 +151,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--device", default="cpu")
     ap.add_argument("--steps", type=int, default=8)
+    ap.add_argument("--blocks", type=int, default=2, help="the MLP's blocks (8 or more: pieces)")
     ap.add_argument("--top", type=int, default=30)
     ap.add_argument("--worker", choices=["plain", "hooked"], help=argparse.SUPPRESS)
     ap.add_argument("--profile-step", type=int, default=-1, help=argparse.SUPPRESS)
@@ -156,7 +161,7 @@ def main() -> None:
     ap.add_argument("--no-profile", action="store_true", help="skip the worst step's cProfile")
     args = ap.parse_args()
     if args.worker:
-        _worker(args.worker == "hooked", args.device, args.steps, args.profile_step, args.top)
+        _worker(args.worker == "hooked", args.device, args.steps, args.profile_step, args.top, args.blocks)
         return
     if args.device == "cuda":
         import torch
@@ -174,18 +179,18 @@ def main() -> None:
             _rounds(args, base_src)
         if args.no_profile:
             return
-    plain = _run(False, args.device, args.steps, -1, args.top)
-    hooked = _run(True, args.device, args.steps, -1, args.top)
+    plain = _run(False, args.device, args.steps, -1, args.top, blocks=args.blocks)
+    hooked = _run(True, args.device, args.steps, -1, args.top, blocks=args.blocks)
     p, h = plain["times"], hooked["times"]
     assert isinstance(p, list) and isinstance(h, list)
     usual = statistics.median(p[args.steps :])
-    print(f"2-block MLP on {args.device}: the usual plain step {usual * 1e3:.3f} ms")
+    print(f"{args.blocks}-block MLP on {args.device}: the usual plain step {usual * 1e3:.3f} ms")
     extras = [(b - a) / usual for a, b in zip(p[: args.steps], h[: args.steps], strict=True)]
     for i, e in enumerate(extras):
         ms = f"plain {p[i] * 1e3:8.3f} ms, hooked {h[i] * 1e3:8.3f} ms"
         print(f"  step {i}: {ms}, extra {e:+6.2f} usual steps")
     worst = max(range(len(extras)), key=lambda i: extras[i])
-    profiled = _run(True, args.device, args.steps, worst, args.top)
+    profiled = _run(True, args.device, args.steps, worst, args.top, blocks=args.blocks)
     print(f"cProfile of the hooked process's step {worst}, by cumulative time:")
     print(profiled["profile"])
 

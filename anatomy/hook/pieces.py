@@ -23,11 +23,14 @@ hook returns None, and all of them are removed when the step ends.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Iterable
+from time import perf_counter
 from typing import Any
 
 import torch
 from torch.autograd.graph import get_gradient_edge
+from torch.overrides import TorchFunctionMode
 from torch.utils._python_dispatch import TorchDispatchMode
 
 # A shorter stack is instrumented whole. Pieces are for deep stacks, where a whole step under an instrument
@@ -90,12 +93,41 @@ def held_accumulators(params: Iterable[torch.Tensor]) -> frozenset[int]:
     return frozenset(held)
 
 
+class _Window(TorchFunctionMode):
+    """Counts the torch calls of the optimizer's step, and runs those in its piece's window under the
+    piece's dispatch mode; the window closes once they have taken the piece's ``window_s``."""
+
+    def __init__(self, piece: Piece) -> None:
+        super().__init__()
+        self.piece = piece
+
+    def __torch_function__(
+        self, func: Any, types: Any, args: tuple[Any, ...] = (), kwargs: dict[str, Any] | None = None
+    ) -> Any:
+        piece = self.piece
+        index = piece.calls
+        piece.calls = index + 1
+        if index < piece.call_first or piece.call_stop is not None or not piece._live:
+            return func(*args, **kwargs) if kwargs else func(*args)
+        t0 = perf_counter()
+        piece._push()
+        try:
+            return func(*args, **kwargs) if kwargs else func(*args)
+        finally:
+            piece._pop()
+            piece.window_used += perf_counter() - t0
+            if piece.window_used >= piece.window_s:
+                piece.call_stop = index + 1
+
+
 class Piece:
     """One sampled step's piece: ``mode`` (a dispatch mode: the profiler or the trace) over blocks
     ``first`` to ``stop`` of ``blocks`` (0 to ``len(blocks)``: the model's whole forward), forward and
-    backward, or over the optimizer's step (``optimizer=True``). ``open()`` as the step begins, the
-    tracker's ``model_begins``/``model_ends``/``optimizer_begins``/``optimizer_ends`` at those
-    boundaries, ``close()`` as it ends."""
+    backward, or over the optimizer's step (``optimizer=True``): its torch calls from ``call_first`` on,
+    until they have taken ``window_s`` (then ``call_stop`` is where the next window starts; None: the
+    window ran to the step's end), or the whole step (``window_s`` infinite: no function mode).
+    ``open()`` as the step begins, the tracker's ``model_begins``/``model_ends``/``optimizer_begins``/
+    ``optimizer_ends`` at those boundaries, ``close()`` as it ends."""
 
     def __init__(
         self,
@@ -105,6 +137,8 @@ class Piece:
         stop: int,
         optimizer: bool = False,
         wrap: Callable[[Any], Any] = lambda f: f,
+        call_first: int = 0,
+        window_s: float = math.inf,
     ) -> None:
         self.mode = mode
         self.blocks = blocks
@@ -118,6 +152,14 @@ class Piece:
         self.nodes = 0  # autograd nodes of the piece's backward, hooked
         self.failed = False
         self._held: frozenset[int] = frozenset()  # id() of parameters whose accumulator outlives graphs
+        # The optimizer's window: its calls counted this step, where the window starts and closed.
+        self.calls = 0
+        self.call_first = call_first
+        self.call_stop: int | None = None
+        self.window_s = window_s
+        self.window_used = 0.0
+        self._window = _Window(self) if optimizer and window_s < math.inf else None
+        self._windowed = False  # the window's function mode on the stack
 
     def modules(self, model: torch.nn.Module) -> Iterable[torch.nn.Module]:
         """The modules whose forward runs in this piece: its blocks' (and at the model's ends, every module
@@ -164,12 +206,34 @@ class Piece:
             self._guarded(self._end, output)
 
     def optimizer_begins(self) -> None:
-        if self._live and self.optimizer and not self._pushed:
-            self._guarded(self._push)
+        if not (self._live and self.optimizer):
+            return
+        if self._window is None:  # the whole step: the mode on
+            if not self._pushed:
+                self._guarded(self._push)
+        elif not self._windowed:
+            self._guarded(self._open_window)
 
     def optimizer_ends(self) -> None:
         if self.optimizer:
-            self._guarded(self._pop)
+            self._guarded(self._pop if self._window is None else self._close_window)
+
+    def _open_window(self) -> None:
+        assert self._window is not None
+        TorchFunctionMode.__enter__(self._window)
+        self._windowed = True
+
+    @property
+    def calls_left(self) -> int | None:
+        """Where the optimizer's next window starts; None: none is left (this one ran to the last call)."""
+        stop = self.call_stop
+        return stop if stop is not None and stop < self.calls else None
+
+    def _close_window(self) -> None:
+        window = self._window
+        if self._windowed and window is not None:
+            self._windowed = False
+            TorchFunctionMode.__exit__(window, None, None, None)
 
     def _guarded(self, fn: Callable[..., None], *args: Any) -> None:
         """A boundary of the piece; a failure ends the piece (mode off), never the step."""
@@ -183,12 +247,17 @@ class Piece:
                     self._pop()
                 except Exception:
                     self._pushed = 0
+            try:
+                self._close_window()
+            except Exception:
+                self._windowed = False
 
     def close(self) -> None:
-        """The step ends: every hook removed, the mode off."""
+        """The step ends: every hook removed, the modes off."""
         self._live = False
         while self._pushed:
             self._pop()
+        self._close_window()
         for handle in self._handles:
             try:
                 handle.remove()
@@ -265,12 +334,13 @@ class Piece:
 
 class PiecePlan:
     """Which piece comes next: the blocks in runs of ``per_piece`` (adapted to what the last piece cost),
-    then the optimizer."""
+    then the optimizer's calls in windows."""
 
     def __init__(self, blocks: Iterable[torch.nn.Module], per_piece: int) -> None:
         self.blocks = list(blocks)
         self.per_piece = max(1, min(int(per_piece), len(self.blocks)))
         self.next_block = 0  # where the next piece starts; len(blocks): the optimizer's is next
+        self.next_call = 0  # the optimizer's call where its next window starts
         self.done = False
 
     def next(self) -> tuple[int, int, bool]:
@@ -283,11 +353,18 @@ class PiecePlan:
             stop = n
         return self.next_block, stop, False
 
-    def finished(self, first: int, stop: int, optimizer: bool, cost_share: float | None) -> None:
+    def finished(
+        self, first: int, stop: int, optimizer: bool, cost_share: float | None, call_stop: int | None = None
+    ) -> None:
         """That piece ran; ``cost_share``: what it added to its step, as a share of a usual step (None:
-        unknown). The next piece is sized to add about ``TARGET_SHARE``."""
+        unknown). The next piece is sized to add about ``TARGET_SHARE``. An optimizer's window that closed
+        at ``call_stop`` leaves the rest of its calls to the next; one that ran to the end (None) ends the
+        plan."""
         if optimizer:
-            self.done = True
+            if call_stop is None or call_stop <= self.next_call:
+                self.done = True
+            else:
+                self.next_call = call_stop
             return
         self.next_block = stop
         if cost_share is not None and cost_share > 0:
@@ -296,6 +373,9 @@ class PiecePlan:
 
 
 TARGET_SHARE = 0.3  # what a piece may add to its step, as a share of a usual step
+# What the calls in an optimizer's window may take under the instrument, as a share of a usual step (the
+# window's counting, ~3 µs a call of the whole optimizer's, comes on top).
+WINDOW_SHARE = 0.3
 
 
-__all__ = ["MIN_BLOCKS", "TARGET_SHARE", "Piece", "PiecePlan", "repeated_blocks"]
+__all__ = ["MIN_BLOCKS", "TARGET_SHARE", "WINDOW_SHARE", "Piece", "PiecePlan", "repeated_blocks"]

@@ -3,8 +3,8 @@
 A sampled episode (step 1, then one in ``sample_every`` as the budget allows) runs the profiler, then —
 when a trace is due — the trace, never both on one step. A model with a stack of repeated blocks is
 instrumented in pieces over consecutive steps (:mod:`anatomy.hook.pieces`), each sized to add about a
-third of a step; a smaller one whole, on one step each. Op groups and the traced peak stand for the whole step
-once their last piece has run.
+third of a step (its optimizer's step in windows of its calls); a smaller one whole, on one step each. Op
+groups and the traced peak stand for the whole step once their last piece has run.
 
 A layer of :class:`~anatomy.hook.tracker.Tracker` (see :mod:`anatomy.hook.tracker_state`), under the phase
 hooks (:mod:`anatomy.hook.phases`), which tell the running instruments each phase boundary.
@@ -12,6 +12,7 @@ hooks (:mod:`anatomy.hook.phases`), which tell the running instruments each phas
 
 from __future__ import annotations
 
+import math
 import time
 from dataclasses import replace
 
@@ -23,7 +24,7 @@ from anatomy.hook.gradients import GradientWatcher
 from anatomy.hook.guard import Feature
 from anatomy.hook.held import Held
 from anatomy.hook.opgroups import OpGroupProfiler
-from anatomy.hook.pieces import Piece, PiecePlan, repeated_blocks
+from anatomy.hook.pieces import WINDOW_SHARE, Piece, PiecePlan, repeated_blocks
 from anatomy.hook.record import StepRecord
 from anatomy.hook.split import step_parts, traced_split
 from anatomy.hook.trace import MemoryTrace
@@ -80,7 +81,22 @@ class SampledSteps(Attachment):
             per = self._per_piece.get(kind) or max(1, len(blocks) // FIRST_PIECE_SHARE)
             plan = self._plan = PiecePlan(blocks, per)
         first, stop, optimizer = plan.next()
-        piece = Piece(mode, blocks, first, stop, optimizer=optimizer, wrap=outside_compile)
+        # (before any unprofiled step is timed — the first episode — the quickest of its steps so far
+        # stands for a usual one: an overestimate, each of them ran a piece; where anything is compiled
+        # the optimizer's step is instrumented whole, as a dispatch mode Dynamo ignores: a function mode
+        # it would trace)
+        median = self._schedule.median_step_s or self._fastest_piece_s
+        window_s = math.inf if compile_in_use(self.model) else WINDOW_SHARE * median
+        piece = Piece(
+            mode,
+            blocks,
+            first,
+            stop,
+            optimizer=optimizer,
+            wrap=outside_compile,
+            call_first=plan.next_call,
+            window_s=window_s,
+        )
         piece.open(p for m in piece.modules(self.model) for p in m.parameters(recurse=False))
         return piece
 
@@ -97,9 +113,12 @@ class SampledSteps(Attachment):
             return True
         median = self._schedule.median_step_s
         share = None
-        if median > 0 and rec.began_s:
-            share = max(time.perf_counter() - rec.began_s - median, 0.0) / median
-        plan.finished(piece.first, piece.stop, piece.optimizer, share)
+        if rec.began_s:
+            took = time.perf_counter() - rec.began_s
+            self._fastest_piece_s = min(self._fastest_piece_s, took)
+            if median > 0:
+                share = max(took - median, 0.0) / median
+        plan.finished(piece.first, piece.stop, piece.optimizer, share, piece.calls_left)
         if not piece.optimizer:
             self._per_piece[kind] = plan.per_piece
         if plan.done:

@@ -189,6 +189,7 @@ class Tracker(RestingSteps):
         self._resting, self._no_rest, self._framework_rests = False, False, False
         self._lean_check = None
         self._episode, self._plan, self._blocks, self._per_piece, self._traced_best = [], None, [], {}, None
+        self._fastest_piece_s = math.inf
         self._spare = None
         self._lean, self._lean_other, self._finished_lean = LeanStep(), LeanStep(), False
         # snapshots and publishing

@@ -129,6 +129,7 @@ class TrackerState:
     _blocks: list[torch.nn.Module]  # the model's repeated blocks, as the episode began (none: whole steps)
     _per_piece: dict[str, int]  # blocks per piece, per instrument, as the last piece's cost sized it
     _traced_best: Traced | None  # the highest of the trace's pieces so far
+    _fastest_piece_s: float  # the quickest step that ran a piece (stands for a usual one until one is timed)
     _spare: StepRecord | None  # a record that ended plain, no longer the last finished: reused by a promotion
     # -- snapshots and publishing (anatomy.hook.snapshots)
     _seq: int

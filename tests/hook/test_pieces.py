@@ -4,11 +4,13 @@ bit what it is without the hook."""
 
 from __future__ import annotations
 
+import itertools
 import sys
 from typing import Any
 
 import pytest
 import torch
+from torch.overrides import TorchFunctionMode
 from torch.utils._python_dispatch import _get_current_dispatch_mode_stack
 
 import anatomy
@@ -17,6 +19,7 @@ from anatomy.hook.pieces import MIN_BLOCKS, repeated_blocks
 from anatomy.vocabulary import Phase
 
 DEPTH = 8
+STEPS = 80  # (the windows test: every window of both instruments within them)
 
 
 def _llama(depth: int = DEPTH) -> torch.nn.Module:
@@ -167,3 +170,164 @@ def test_held_accumulators_are_those_something_else_keeps() -> None:
     assert _MARK not in node.metadata
     del out
     assert held_accumulators([graphed]) == frozenset()
+
+
+def _mlp(depth: int = DEPTH) -> torch.nn.Module:
+    torch.manual_seed(0)
+    blocks = [
+        torch.nn.Sequential(torch.nn.Linear(16, 16), torch.nn.ReLU(), torch.nn.Linear(16, 16))
+        for _ in range(depth)
+    ]
+    return torch.nn.Sequential(*blocks)
+
+
+def _mlp_step(model: torch.nn.Module, opt: torch.optim.Optimizer, x: torch.Tensor) -> float:
+    loss = model(x).pow(2).mean()
+    loss.backward()
+    opt.step()
+    opt.zero_grad()
+    return float(loss.item())
+
+
+class _Addcdivs(TorchFunctionMode):
+    """A user's function mode: counts the optimizer's ``addcdiv_`` calls (one per parameter per step)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.seen = 0
+
+    def __torch_function__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+        if getattr(func, "__name__", "") == "addcdiv_":
+            self.seen += 1
+        return func(*args, **(kwargs or {}))
+
+
+def test_the_optimizers_step_in_windows_adds_up_to_the_whole_one(monkeypatch: pytest.MonkeyPatch) -> None:
+    """An optimizer looping over its parameters (single-tensor AdamW) is instrumented in windows of its
+    calls over consecutive steps, each starting where the last closed: the optimizer group's FLOPs over
+    the windows equal one whole optimizer step's, profiled at once in a run without the hook; the trace's
+    windows complete too. Losses are bit-identical, a user's function mode around the optimizer sees every
+    call it sees without the hook, and no mode is left on either stack."""
+    import anatomy.hook.sampled
+    from anatomy.hook.pieces import Piece
+    from anatomy.vocabulary import OpGroup
+
+    monkeypatch.setattr(anatomy.hook.sampled, "WINDOW_SHARE", 0.2)  # (smaller windows)
+    dynamo = sys.modules.get("torch._dynamo")
+    if dynamo is not None:  # (as where nothing was compiled: there the optimizer's step is whole)
+        monkeypatch.setitem(dynamo.utils.counters["frames"], "ok", 0)
+    x = torch.randn(8, 16, generator=torch.Generator().manual_seed(2))
+    reference = _mlp()
+    ref_opt = torch.optim.AdamW(reference.parameters(), lr=1e-3, foreach=False)
+    ref_losses, whole = [], None
+    ref_user = _Addcdivs()
+    for i in range(STEPS):
+        if i == 5:  # a whole optimizer step profiled at once (its states exist since step 0)
+            loss = reference(x).pow(2).mean()
+            loss.backward()
+            prof = OpGroupProfiler(())
+            with prof:
+                prof.set_phase(Phase.OPTIMIZER)
+                ref_opt.step()
+            ref_opt.zero_grad()
+            ref_losses.append(float(loss.item()))
+            whole = prof.result()
+            continue
+        loss = reference(x).pow(2).mean()
+        loss.backward()
+        with ref_user:
+            ref_opt.step()
+        ref_opt.zero_grad()
+        ref_losses.append(float(loss.item()))
+
+    windows: list[tuple[int, int | None, int]] = []
+    original = Piece.close
+
+    def close(self: Piece) -> None:
+        if self.optimizer:
+            windows.append((self.call_first, self.calls_left, self.calls))
+        original(self)
+
+    monkeypatch.setattr(Piece, "close", close)
+    model = _mlp()
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3, foreach=False)
+    user = _Addcdivs()
+    losses = []
+    with anatomy.track(model, opt, publish=False, record=False, sample_every=1000) as tracker:
+        for i in range(STEPS):
+            with tracker.step():
+                if i == 5:  # (as the reference: this step's optimizer out of the user's mode)
+                    losses.append(_mlp_step(model, opt, x))
+                    continue
+                loss = model(x).pow(2).mean()
+                loss.backward()
+                with user:
+                    opt.step()
+                opt.zero_grad()
+                losses.append(float(loss.item()))
+            assert not _get_current_dispatch_mode_stack()
+            assert torch._C._len_torch_function_stack() == 0
+        history = list(tracker.history)
+    assert losses == ref_losses
+    assert user.seen == ref_user.seen == (STEPS - 1) * len(list(model.parameters()))
+    assert len(windows) >= 3, windows  # the profiler's windows, then the trace's
+    first_round = []
+    for start, rest, _ in windows:
+        first_round.append((start, rest))
+        if rest is None:
+            break
+    assert len(first_round) >= 2 and first_round[0][0] == 0, windows
+    for (_, rest), (start, _) in itertools.pairwise(first_round):
+        assert rest == start  # each window starts where the last closed
+    assert all(calls == windows[0][2] for _, _, calls in windows)  # the same calls every step
+    profiled = [s for s in history if s.op_groups_step is not None]
+    assert profiled and whole is not None, windows
+    snap = next(s for s in history if s.step == min(s.op_groups_step or 0 for s in profiled))
+    assert snap.op_groups is not None
+    assert snap.op_groups[OpGroup.OPTIMIZER].flops == whole[OpGroup.OPTIMIZER].flops > 0
+    for group, stat in whole.items():
+        if group is not OpGroup.OPTIMIZER:
+            assert snap.op_groups[group].flops >= stat.flops  # (the forward and backward ran too)
+    traced = [s for s in history if s.at_peak_step is not None and s.at_peak_step > snap.step]
+    assert traced, "the trace's windows never completed"
+
+
+def test_the_plan_moves_through_the_optimizers_windows() -> None:
+    from anatomy.hook.pieces import PiecePlan
+
+    blocks = list(_mlp(MIN_BLOCKS))
+    plan = PiecePlan(blocks, per_piece=MIN_BLOCKS)
+    assert plan.next() == (0, MIN_BLOCKS, False)
+    plan.finished(0, MIN_BLOCKS, False, None)
+    assert plan.next() == (MIN_BLOCKS, MIN_BLOCKS, True) and plan.next_call == 0
+    plan.finished(MIN_BLOCKS, MIN_BLOCKS, True, None, call_stop=40)
+    assert not plan.done and plan.next_call == 40
+    plan.finished(MIN_BLOCKS, MIN_BLOCKS, True, None, call_stop=40)  # (no progress: the plan ends)
+    assert plan.done
+    plan = PiecePlan(blocks, per_piece=MIN_BLOCKS)
+    plan.finished(0, MIN_BLOCKS, False, None)
+    plan.finished(MIN_BLOCKS, MIN_BLOCKS, True, None, call_stop=None)  # the window ran to the end
+    assert plan.done
+
+
+def test_an_optimizer_piece_is_whole_without_a_window() -> None:
+    """With a window, the optimizer's piece puts a function mode on (the instrument only around the calls
+    in it); without (anything compiled: Dynamo would trace a function mode), the instrument itself, as
+    before the windows."""
+    from anatomy.hook.pieces import Piece
+
+    blocks = list(_mlp(MIN_BLOCKS))
+    for window_s, function_modes, dispatch_modes in ((1.0, 1, 0), (float("inf"), 0, 1)):
+        prof = OpGroupProfiler(())
+        piece = Piece(prof, blocks, MIN_BLOCKS, MIN_BLOCKS, optimizer=True, window_s=window_s)
+        piece.open()
+        x = torch.ones(3)
+        piece.optimizer_begins()
+        assert torch._C._len_torch_function_stack() == function_modes
+        assert len(_get_current_dispatch_mode_stack()) == dispatch_modes
+        (x * 2).sum()
+        piece.optimizer_ends()
+        piece.close()
+        assert torch._C._len_torch_function_stack() == 0 and not _get_current_dispatch_mode_stack()
+        assert prof.op_count == 2  # (mul, sum: in the window, or under the whole step's mode)
+        assert piece.calls_left is None

@@ -10,7 +10,7 @@ from tests.hook.bench_runs import run_benchmark
 
 def test_each_first_step_and_the_worst_ones_profile_are_printed() -> None:
     out = "\n".join(run_benchmark("profile_first_steps.py", "--steps", "3", "--top", "5")) + "\n"
-    assert re.search(r"the usual plain step \d+\.\d+ ms", out), out
+    assert re.search(r"2-block MLP on cpu: the usual plain step \d+\.\d+ ms", out), out
     steps = re.findall(
         r"step (\d): plain +\d+\.\d+ ms, hooked +\d+\.\d+ ms, extra +[+-]\d+\.\d+ usual steps", out
     )
@@ -40,3 +40,8 @@ def test_rounds_against_a_revision_print_each_steps_median_for_both_hooks() -> N
         r"\(base\): median \d+\.\d+", out
     ), out
     assert "cProfile" not in out  # (--no-profile)
+
+
+def test_a_deeper_mlp_is_asked_for_by_its_blocks() -> None:
+    out = "\n".join(run_benchmark("profile_first_steps.py", "--blocks", "8", "--steps", "2", "--top", "3"))
+    assert re.search(r"8-block MLP on cpu: the usual plain step \d+\.\d+ ms", out), out
