@@ -29,17 +29,35 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
 
 
+def _model(blocks: int) -> Any:
+    """The MLP: ``blocks == 2`` the flat one of ``bench_step_cost`` (two linear layers and their ReLUs, as
+    every earlier run of this benchmark), more the issue's sweep's (``blocks`` blocks of linear, ReLU,
+    linear: a stack of repeated blocks, so 8 or more are instrumented in pieces)."""
+    import torch
+
+    if blocks == 2:
+        from bench_step_cost import build
+
+        return build(2, 64)
+    torch.manual_seed(0)
+    layers = [
+        torch.nn.Sequential(torch.nn.Linear(64, 64), torch.nn.ReLU(), torch.nn.Linear(64, 64))
+        for _ in range(blocks)
+    ]
+    return torch.nn.Sequential(*layers)
+
+
 def _worker(hooked: bool, device: str, steps: int, profile_step: int, top: int, blocks: int = 2) -> None:
     import torch
-    from bench_step_cost import build
 
     torch.set_num_threads(1)
     dev = torch.device(device)
-    model = build(blocks, 64).to(dev)
+    model = _model(blocks).to(dev)
     opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
     x = torch.randn(4, 64, device=dev)
     sync = torch.cuda.synchronize if dev.type == "cuda" else (lambda: None)

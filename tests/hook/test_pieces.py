@@ -331,3 +331,23 @@ def test_an_optimizer_piece_is_whole_without_a_window() -> None:
         assert torch._C._len_torch_function_stack() == 0 and not _get_current_dispatch_mode_stack()
         assert prof.op_count == 2  # (mul, sum: in the window, or under the whole step's mode)
         assert piece.calls_left is None
+
+
+def test_an_error_in_the_optimizers_window_leaves_the_instrument_off() -> None:
+    """A call in the window that raises: the instrument is off before the error reaches the user's code
+    (their handler runs without it), the window is closed there, and the piece ends clean."""
+    from anatomy.hook.pieces import Piece
+
+    prof = OpGroupProfiler(())
+    piece = Piece(prof, list(_mlp(MIN_BLOCKS)), MIN_BLOCKS, MIN_BLOCKS, optimizer=True, window_s=1.0)
+    piece.open()
+    x = torch.ones(3)
+    piece.optimizer_begins()
+    x.mul_(2)
+    assert len(_get_current_dispatch_mode_stack()) == 1  # (on for the window's calls)
+    with pytest.raises(RuntimeError):
+        x.view(2, 2)  # (3 elements: torch refuses)
+    assert not _get_current_dispatch_mode_stack()
+    piece.optimizer_ends()
+    piece.close()
+    assert torch._C._len_torch_function_stack() == 0 and not _get_current_dispatch_mode_stack()
