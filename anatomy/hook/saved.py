@@ -24,7 +24,6 @@ for those tensors and counts them, each storage once, as it counts a saved tenso
 
 from __future__ import annotations
 
-import functools
 import sys
 import threading
 import types
@@ -137,9 +136,12 @@ class SavedTensorCounter:
         self.track_alive = False
         self.alive_activation_bytes = 0
         self.alive_copy_bytes = 0
-        self._alive: dict[int, list[int]] = {}  # storage key -> [live saved tensors, bytes, kind]
+        self._alive_count: dict[int, int] = {}  # storage key -> its live saved tensors
+        self._alive_bytes: dict[int, int] = {}  # storage key -> its bytes (negative: a weight's copy)
         # keyed by id: a set compares weak references by their referents and merges two refs of one tensor
         self._refs: dict[int, weakref.ref[Any]] = {}
+        self._ref_keys: dict[int, int] = {}  # id of a weak reference -> the storage key it counts
+        self._on_release = self._release  # (one bound method for every reference's callback)
         self._alive_lock = threading.Lock()
 
     def set_params(self, weights: Iterable[torch.Tensor]) -> None:
@@ -363,37 +365,46 @@ class SavedTensorCounter:
     # held at any moment, in O(1) per read.
 
     def _watch(self, kept: Any, key: int, kind: int, nbytes: int) -> Any:
+        # One weak reference a saved tensor and nothing else the collector tracks (a traced step of a deep
+        # model saves thousands: a callback bound per reference and a list per storage were three
+        # containers each, and gen-2 collections the plain loop never has).
+        release = self._on_release
         try:
-            ref = weakref.ref(kept, functools.partial(self._release, key))
+            ref = weakref.ref(kept, release)
         except TypeError:  # a user's tuple: autograd keeps our wrapper instead, unwrapped in unpack
             kept = _Packed(kept)
-            ref = weakref.ref(kept, functools.partial(self._release, key))
+            ref = weakref.ref(kept, release)
         with self._alive_lock:
-            entry = self._alive.get(key)
-            if entry is None:
-                entry = self._alive[key] = [0, nbytes, kind]
+            count = self._alive_count.get(key, 0)
+            if count == 0:
                 if kind == _COPY:
+                    self._alive_bytes[key] = -nbytes
                     self.alive_copy_bytes += nbytes
                 else:
+                    self._alive_bytes[key] = nbytes
                     self.alive_activation_bytes += nbytes
-            entry[0] += 1
-        self._refs[id(ref)] = ref
+            self._alive_count[key] = count + 1
+            self._ref_keys[id(ref)] = key
+            self._refs[id(ref)] = ref
         return kept
 
-    def _release(self, key: int, ref: weakref.ref[Any]) -> None:
+    def _release(self, ref: weakref.ref[Any]) -> None:
         # May run on autograd's device thread (CUDA backward): hence the lock.
         with self._alive_lock:
             self._refs.pop(id(ref), None)
-            entry = self._alive.get(key)
-            if entry is None:
+            key = self._ref_keys.pop(id(ref), None)
+            if key is None:
                 return
-            entry[0] -= 1
-            if entry[0] <= 0:
-                del self._alive[key]
-                if entry[2] == _COPY:
-                    self.alive_copy_bytes -= entry[1]
-                else:
-                    self.alive_activation_bytes -= entry[1]
+            count = self._alive_count.get(key, 0) - 1
+            if count > 0:
+                self._alive_count[key] = count
+                return
+            self._alive_count.pop(key, None)
+            nbytes = self._alive_bytes.pop(key, 0)
+            if nbytes < 0:
+                self.alive_copy_bytes += nbytes
+            else:
+                self.alive_activation_bytes -= nbytes
 
     # -- the window -------------------------------------------------------------------------------
 
