@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import itertools
 import sys
+from collections.abc import Iterator
+from contextlib import AbstractContextManager, contextmanager, nullcontext
 from typing import Any
 
 import pytest
@@ -181,12 +183,23 @@ def _mlp(depth: int = DEPTH) -> torch.nn.Module:
     return torch.nn.Sequential(*blocks)
 
 
-def _mlp_step(model: torch.nn.Module, opt: torch.optim.Optimizer, x: torch.Tensor) -> float:
+def _mlp_step(
+    model: torch.nn.Module, opt: torch.optim.Optimizer, x: torch.Tensor, around: AbstractContextManager[Any]
+) -> float:
+    """A step, its optimizer's under ``around`` (a user's mode, a profiler, nothing)."""
     loss = model(x).pow(2).mean()
     loss.backward()
-    opt.step()
+    with around:
+        opt.step()
     opt.zero_grad()
     return float(loss.item())
+
+
+@contextmanager
+def _profiled_optimizer(prof: OpGroupProfiler) -> Iterator[None]:
+    with prof:
+        prof.set_phase(Phase.OPTIMIZER)
+        yield
 
 
 class _Addcdivs(TorchFunctionMode):
@@ -219,26 +232,14 @@ def test_the_optimizers_step_in_windows_adds_up_to_the_whole_one(monkeypatch: py
     x = torch.randn(8, 16, generator=torch.Generator().manual_seed(2))
     reference = _mlp()
     ref_opt = torch.optim.AdamW(reference.parameters(), lr=1e-3, foreach=False)
-    ref_losses, whole = [], None
     ref_user = _Addcdivs()
-    for i in range(STEPS):
-        if i == 5:  # a whole optimizer step profiled at once (its states exist since step 0)
-            loss = reference(x).pow(2).mean()
-            loss.backward()
-            prof = OpGroupProfiler(())
-            with prof:
-                prof.set_phase(Phase.OPTIMIZER)
-                ref_opt.step()
-            ref_opt.zero_grad()
-            ref_losses.append(float(loss.item()))
-            whole = prof.result()
-            continue
-        loss = reference(x).pow(2).mean()
-        loss.backward()
-        with ref_user:
-            ref_opt.step()
-        ref_opt.zero_grad()
-        ref_losses.append(float(loss.item()))
+    prof = OpGroupProfiler(())
+    ref_losses = [
+        # (at step 5 a whole optimizer step profiled at once: its states exist since step 0)
+        _mlp_step(reference, ref_opt, x, _profiled_optimizer(prof) if i == 5 else ref_user)
+        for i in range(STEPS)
+    ]
+    whole = prof.result()
 
     windows: list[tuple[int, int | None, int]] = []
     original = Piece.close
@@ -255,16 +256,8 @@ def test_the_optimizers_step_in_windows_adds_up_to_the_whole_one(monkeypatch: py
     losses = []
     with anatomy.track(model, opt, publish=False, record=False, sample_every=1000) as tracker:
         for i in range(STEPS):
-            with tracker.step():
-                if i == 5:  # (as the reference: this step's optimizer out of the user's mode)
-                    losses.append(_mlp_step(model, opt, x))
-                    continue
-                loss = model(x).pow(2).mean()
-                loss.backward()
-                with user:
-                    opt.step()
-                opt.zero_grad()
-                losses.append(float(loss.item()))
+            with tracker.step():  # (as the reference: step 5's optimizer out of the user's mode)
+                losses.append(_mlp_step(model, opt, x, nullcontext() if i == 5 else user))
             assert not _get_current_dispatch_mode_stack()
             assert torch._C._len_torch_function_stack() == 0
         history = list(tracker.history)
