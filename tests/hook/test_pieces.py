@@ -221,11 +221,9 @@ def test_the_optimizers_step_in_windows_adds_up_to_the_whole_one(monkeypatch: py
     the windows equal one whole optimizer step's, profiled at once in a run without the hook; the trace's
     windows complete too. Losses are bit-identical, a user's function mode around the optimizer sees every
     call it sees without the hook, and no mode is left on either stack."""
-    import anatomy.hook.sampled
     from anatomy.hook.pieces import Piece
     from anatomy.vocabulary import OpGroup
 
-    monkeypatch.setattr(anatomy.hook.sampled, "WINDOW_SHARE", 0.2)  # (smaller windows)
     dynamo = sys.modules.get("torch._dynamo")
     if dynamo is not None:  # (as where nothing was compiled: there the optimizer's step is whole)
         monkeypatch.setitem(dynamo.utils.counters["frames"], "ok", 0)
