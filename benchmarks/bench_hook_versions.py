@@ -321,6 +321,24 @@ def export(rev: str, into: Path) -> Path:
     return into
 
 
+def foreign_pythonpath() -> list[str]:
+    """This process's PYTHONPATH entries but those holding an ``anatomy`` package: a worker imports its own
+    version of the package, ahead of nothing else that holds one (the others stay: on the GPU machine the
+    carried wheels are installed into a folder named there)."""
+    return [
+        e
+        for e in os.environ.get("PYTHONPATH", "").split(os.pathsep)
+        if e and not (Path(e) / "anatomy").is_dir()
+    ]
+
+
+def worker_env(src: Path) -> dict[str, str]:
+    """The environment of a worker importing ``anatomy`` from ``src`` (the working tree, or a revision
+    exported) and the benchmarks' own modules."""
+    path = [str(src), str(ROOT / "benchmarks"), *foreign_pythonpath()]
+    return dict(os.environ, PYTHONPATH=os.pathsep.join(path))
+
+
 def summarize(times: dict[str, list[float]], warmup: int) -> dict[str, dict[str, float]]:
     """Per arm: the median step, and its extra over ``plain`` per round (median, quartiles, middle-80%
     mean); ``this`` also against ``base``."""
@@ -366,13 +384,7 @@ def run(
     ahead = kind in ("lightning", "trainer")  # (its loader fetches one batch ahead)
     worker = {"lightning": LIGHTNING_WORKER, "trainer": TRAINER_WORKER}.get(kind, WORKER)
     env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
-    # Each worker imports its own version of the package, so no PYTHONPATH entry holding one may stay; the
-    # others do (on the GPU machine the carried wheels are installed into a folder named there).
-    others = [
-        e
-        for e in os.environ.get("PYTHONPATH", "").split(os.pathsep)
-        if e and not (Path(e) / "anatomy").is_dir()
-    ]
+    others = foreign_pythonpath()  # (each worker puts its own version of the package ahead of them)
     if others:
         env["PYTHONPATH"] = os.pathsep.join(others)
     env["TOKENIZERS_PARALLELISM"] = "false"

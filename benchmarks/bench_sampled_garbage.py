@@ -15,11 +15,12 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import subprocess
 import sys
 import tempfile
 from pathlib import Path
+
+from bench_hook_versions import export, worker_env
 
 ROOT = Path(__file__).resolve().parents[1]
 KINDS = ("ordinary", "profile", "trace")
@@ -80,13 +81,7 @@ def _worker(hooked: bool, layers: int, steps: int) -> None:
 def _run(src: Path | None, layers: int, steps: int) -> dict[str, object]:
     args = [sys.executable, __file__, "--worker", "hooked" if src else "plain"]
     args += ["--layers", str(layers), "--steps", str(steps)]
-    others = [
-        e
-        for e in os.environ.get("PYTHONPATH", "").split(os.pathsep)
-        if e and not (Path(e) / "anatomy").is_dir()
-    ]
-    path = [str(src or ROOT), str(ROOT / "benchmarks"), *others]
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join(path))
+    env = worker_env(src or ROOT)
     done = subprocess.run(args, capture_output=True, text=True, env=env, timeout=1800, check=True)
     result: dict[str, object] = json.loads(done.stdout.strip().splitlines()[-1])
     return result
@@ -108,8 +103,6 @@ def main() -> None:
         arms: dict[str, Path | None] = {"plain": None, "this": ROOT}
         base = args.base_dir.resolve() if args.base_dir else None
         if base is None and args.base:
-            from bench_hook_versions import export
-
             base = export(args.base, Path(tmp))
         if base is not None:
             arms["base"] = base

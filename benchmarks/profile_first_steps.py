@@ -21,7 +21,6 @@ import argparse
 import cProfile
 import io
 import json
-import os
 import pstats
 import statistics
 import subprocess
@@ -30,6 +29,8 @@ import tempfile
 import time
 from pathlib import Path
 from typing import Any
+
+from bench_hook_versions import export, worker_env
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -103,15 +104,7 @@ def _run(
     args = [sys.executable, __file__, "--worker", "hooked" if hooked else "plain", "--device", device]
     args += ["--steps", str(steps), "--profile-step", str(profile_step), "--top", str(top)]
     args += ["--blocks", str(blocks)]
-    # (no other entry holding an ``anatomy`` package may stay ahead of this worker's; the benchmarks'
-    # folder for bench_step_cost)
-    others = [
-        e
-        for e in os.environ.get("PYTHONPATH", "").split(os.pathsep)
-        if e and not (Path(e) / "anatomy").is_dir()
-    ]
-    path = [str(src), str(ROOT / "benchmarks"), *others]
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join(path))
+    env = worker_env(src)
     done = subprocess.run(args, capture_output=True, text=True, env=env, timeout=600, check=True)
     result: dict[str, object] = json.loads(done.stdout.strip().splitlines()[-1])
     return result
@@ -191,8 +184,6 @@ def main() -> None:
         with tempfile.TemporaryDirectory() as tmp:
             base_src = args.base_dir.resolve() if args.base_dir else None
             if base_src is None and args.base:
-                from bench_hook_versions import export
-
                 base_src = export(args.base, Path(tmp))
             _rounds(args, base_src)
         if args.no_profile:

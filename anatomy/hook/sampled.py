@@ -81,12 +81,12 @@ class SampledSteps(Attachment):
             per = self._per_piece.get(kind) or max(1, len(blocks) // FIRST_PIECE_SHARE)
             plan = self._plan = PiecePlan(blocks, per)
         first, stop, optimizer = plan.next()
-        # (before any unprofiled step is timed — the first episode — the quickest of its steps so far
-        # stands for a usual one: an overestimate, each of them ran a piece; where anything is compiled
-        # the optimizer's step is instrumented whole, as a dispatch mode Dynamo ignores: a function mode
-        # it would trace)
-        median = self._schedule.median_step_s or self._fastest_piece_s
-        window_s = math.inf if compile_in_use(self.model) else WINDOW_SHARE * median
+        window_s = math.inf  # (a run of blocks: no window; where anything is compiled, the optimizer's step
+        # whole, under a dispatch mode Dynamo ignores: a function mode it would trace)
+        if optimizer and not compile_in_use(self.model):
+            # (before any unprofiled step is timed — the first episode — the quickest of its steps so far
+            # stands for a usual one: an overestimate, each of them ran a piece)
+            window_s = WINDOW_SHARE * (self._schedule.median_step_s or self._fastest_piece_s)
         piece = Piece(
             mode,
             blocks,
